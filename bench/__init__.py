@@ -1,0 +1,1 @@
+"""bench: profiles, loaders, metrics, telemetry and the report."""

@@ -1,0 +1,108 @@
+"""Drive the sim engine in-process and check it keeps the time its step model promises.
+
+This is the engine's own calibration check: step durations as modelled against as slept,
+cumulative drift, throughput and TTFT, with the engine's CPU share of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+
+import uvloop
+
+from zerolayer.engine import EngineRequest, SimConfig, SimEngine
+
+PROMPT_TOKENS_1KB = 256
+
+
+@dataclass
+class FidelityResult:
+    requests: int
+    completed_tokens: int
+    wall_s: float
+    cpu_share: float
+    median_step_ratio: float
+    median_modelled_ms: float
+    median_actual_ms: float
+    drift: float
+    timing_resets: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    output_throughput: float
+
+    def lines(self) -> list[str]:
+        return [
+            f"requests={self.requests} output_tokens={self.completed_tokens} "
+            f"wall={self.wall_s:.2f}s output_throughput={self.output_throughput:.0f} tok/s",
+            f"ttft p50={self.ttft_p50_ms:.1f} ms p99={self.ttft_p99_ms:.1f} ms",
+            f"step duration median: modelled={self.median_modelled_ms:.3f} ms "
+            f"actual={self.median_actual_ms:.3f} ms ratio={self.median_step_ratio:.4f}",
+            f"cumulative drift={self.drift * 100:+.3f} % timing_resets={self.timing_resets} "
+            f"process cpu={self.cpu_share * 100:.1f} % of one core",
+        ]
+
+
+async def drive(
+    config: SimConfig, requests: int, prompt_tokens: int, max_tokens: int
+) -> FidelityResult:
+    """Send ``requests`` requests at once and consume every stream."""
+    engine = SimEngine(config)
+    ttfts: list[float] = []
+
+    async def one(i: int) -> int:
+        start = time.perf_counter()
+        first = True
+        n = 0
+        async for chunk in engine.generate(EngineRequest(f"r{i}", prompt_tokens, max_tokens, i)):
+            if first and chunk.token_ids:
+                ttfts.append((time.perf_counter() - start) * 1000)
+                first = False
+            n += len(chunk.token_ids)
+        return n
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    counts = await asyncio.gather(*(one(i) for i in range(requests)))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    await engine.close()
+    steps = list(engine.timings)
+    ttfts.sort()
+    return FidelityResult(
+        requests=requests,
+        completed_tokens=sum(counts),
+        wall_s=wall,
+        cpu_share=cpu / wall,
+        median_step_ratio=statistics.median(s.actual_s / s.modelled_s for s in steps),
+        median_modelled_ms=statistics.median(s.modelled_s for s in steps) * 1000,
+        median_actual_ms=statistics.median(s.actual_s for s in steps) * 1000,
+        drift=engine.drift(),
+        timing_resets=engine.timing_resets,
+        ttft_p50_ms=ttfts[len(ttfts) // 2],
+        ttft_p99_ms=ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
+        output_throughput=sum(counts) / wall,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS_1KB)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--model-shape", default="llama-3.1-8b")
+    args = parser.parse_args(argv)
+    config = SimConfig(model_shape=args.model_shape)
+    print(f"sim engine fidelity: {args.requests} concurrent requests, {args.prompt_tokens} prompt "
+          f"tokens, {args.max_tokens} output tokens, {args.model_shape}", flush=True)
+    result = uvloop.run(drive(config, args.requests, args.prompt_tokens, args.max_tokens))
+    for line in result.lines():
+        print(line)
+    ok = abs(result.median_step_ratio - 1) <= 0.10 and abs(result.drift) < 0.01
+    print("fidelity: " + ("OK" if ok else "OUT OF TOLERANCE (10 % step, 1 % drift)"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

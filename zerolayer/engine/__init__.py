@@ -1,0 +1,51 @@
+"""Engines shared by both stacks: ``sim`` (default), ``null``, and the GPU engines.
+
+``make_engine`` is the one factory the replica server, the baseline and the bench call, so both
+stacks are built from the same configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerolayer.engine.null import NullEngine
+from zerolayer.engine.sim import SimConfig, SimEngine
+from zerolayer.engine.types import (
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    PRIORITY_NORMAL,
+    Engine,
+    EngineError,
+    EngineRequest,
+    EngineStats,
+    TokenChunk,
+)
+
+ENGINES = ("sim", "null")
+
+__all__ = [
+    "ENGINES",
+    "PRIORITY_HIGH",
+    "PRIORITY_LOW",
+    "PRIORITY_NORMAL",
+    "Engine",
+    "EngineError",
+    "EngineRequest",
+    "EngineStats",
+    "NullEngine",
+    "SimConfig",
+    "SimEngine",
+    "TokenChunk",
+    "make_engine",
+]
+
+
+def make_engine(name: str, **options: Any) -> Engine:
+    """Build an engine by name; options go to its config (for ``sim``: SimConfig's fields)."""
+    if name == "sim":
+        return SimEngine(SimConfig(**options))
+    if name == "null":
+        if options:
+            raise ValueError(f"the null engine takes no options, got {sorted(options)}")
+        return NullEngine()
+    raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")

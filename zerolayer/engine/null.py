@@ -1,0 +1,39 @@
+"""The null engine: no compute time at all, for measuring what a serving layer itself costs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from zerolayer.engine.tokens import detokenize, token_ids
+from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+
+
+class NullEngine:
+    """Answers every request at once with its deterministic tokens, in a single chunk."""
+
+    name = "null"
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._closed = False
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        if self._closed:
+            raise EngineError("engine_down", "engine is closed")
+        ids = token_ids(request.seed, request.max_tokens)
+        yield TokenChunk(
+            token_ids=ids,
+            text=detokenize(ids),
+            finish_reason="length",
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=len(ids),
+        )
+
+    def abort(self, request_id: str) -> None:
+        """Nothing to stop: a null request is over before anyone could abort it."""
+
+    def stats(self) -> EngineStats:
+        return EngineStats(kv_blocks_total=1, max_num_seqs=1 << 30)
+
+    async def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,41 @@
+"""Deterministic token streams: the same (seed, position) gives the same token on every stack."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+VOCAB_SIZE = 4096
+BYTES_PER_TOKEN = 4
+_SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "da", "ve", "zu", "bo", "fi", "ge",
+              "hu", "ja")
+
+
+def _make_vocab() -> tuple[str, ...]:
+    words = []
+    n = len(_SYLLABLES)
+    for i in range(VOCAB_SIZE):
+        a, b, c = i % n, (i // n) % n, (i // (n * n)) % n
+        words.append(" " + _SYLLABLES[a] + _SYLLABLES[b] + (_SYLLABLES[c] if c else ""))
+    return tuple(words)
+
+
+VOCAB: tuple[str, ...] = _make_vocab()
+
+
+def token_ids(seed: int, count: int) -> list[int]:
+    """The first ``count`` tokens of the stream for ``seed``: one vectorised draw per request."""
+    rng = np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF)
+    return rng.integers(0, VOCAB_SIZE, size=count, dtype=np.int64).tolist()
+
+
+def detokenize(ids: list[int]) -> str:
+    """Text for token ids; a fixed vocabulary so byte counts are realistic but cheap."""
+    vocab = VOCAB
+    return "".join([vocab[i] for i in ids])
+
+
+def count_prompt_tokens(text: str) -> int:
+    """The token count the engines charge for a prompt: about four UTF-8 bytes per token."""
+    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))

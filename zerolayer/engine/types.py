@@ -1,0 +1,105 @@
+"""The engine protocol and the value types every engine and both stacks share."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+PRIORITY_HIGH = 0
+PRIORITY_NORMAL = 1
+PRIORITY_LOW = 2
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One generation request as an engine sees it: a cost in tokens plus a token seed.
+
+    ``prompt_tokens`` is the prompt length in tokens; ``prompt`` is kept for engines that run a
+    real model. ``seed`` fixes the output stream, so every stack returns the same tokens.
+    """
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    seed: int = 0
+    priority: int = PRIORITY_NORMAL
+    prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    """The tokens one engine step produced for one request (one chunk per step, not per token)."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of engine load; the scheduler's and the telemetry's only view of the engine."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    block_size: int = 16
+    live_tokens: int = 0
+    preemptions: int = 0
+    busy_time_s: float = 0.0
+    steps: int = 0
+    step_ms_recent: float = 0.0
+    waiting_prefill_tokens: int = 0
+    max_num_seqs: int = 0
+    allocator: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use (vLLM's ``kv_cache_usage_perc`` as a fraction)."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def kv_waste(self) -> float:
+        """Internal fragmentation: ``1 - live_tokens / (block_size * used_blocks)``."""
+        capacity = self.block_size * self.kv_blocks_used
+        return 1.0 - self.live_tokens / capacity if capacity else 0.0
+
+
+class EngineError(RuntimeError):
+    """The engine cannot serve a request (stopped, or the request can never fit)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What both stacks call. Implementations: sim, null, torch, vllm."""
+
+    name: str
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        """Stream the request's output, one chunk per engine step; the last has a finish_reason."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free what it holds; its stream ends with ``abort``."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Current load, cheap enough to call per request."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine's loop and fail whatever is still running."""
+        ...
