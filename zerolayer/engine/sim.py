@@ -131,14 +131,15 @@ class SimEngine:
                     raise seq.error
                 if seq.pending or seq.finish_reason is not None:
                     ids, seq.pending = seq.pending, []
+                    reason = seq.finish_reason
                     yield TokenChunk(
                         token_ids=ids,
                         text=detokenize(ids),
-                        finish_reason=seq.finish_reason,
+                        finish_reason=reason,
                         prompt_tokens=seq.prompt_tokens,
                         completion_tokens=seq.emitted,
                     )
-                    if seq.finish_reason is not None:
+                    if reason is not None:
                         return
                 else:
                     seq.waiter = asyncio.get_running_loop().create_future()
@@ -206,6 +207,16 @@ class SimEngine:
     # -- submission ---------------------------------------------------------------------------
 
     def _submit(self, request: EngineRequest) -> _Seq:
+        seq = self.add_request(request)
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return seq
+
+    def add_request(self, request: EngineRequest) -> _Seq:
+        """Validate and queue a request (bookkeeping only; ``generate`` also runs the loop)."""
         if self._closed:
             raise EngineError("engine_down", "engine is closed")
         total = request.prompt_tokens + request.max_tokens
@@ -225,11 +236,6 @@ class SimEngine:
         seq = _Seq(request, next(self._arrivals))
         self._seqs[seq.id] = seq
         self._enqueue(seq)
-        if self._task is None:
-            self._wakeup = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
-        assert self._wakeup is not None
-        self._wakeup.set()
         return seq
 
     def _enqueue(self, seq: _Seq) -> None:
