@@ -57,7 +57,7 @@ def test_sim_and_null_return_the_same_stream() -> None:
         a, _, sim_chunks = await collect(sim, req)
         b, _, _ = await collect(null, EngineRequest("x", 64, 33, seed=1234))
         assert a == b
-        assert sim_chunks == 33, "one chunk per decode step"
+        assert 1 < sim_chunks <= 33, "streams per step; a slow consumer may merge steps"
         await sim.close()
 
     asyncio.run(main())
