@@ -1,0 +1,300 @@
+"""The embedded scheduler: admission and ordering, decided from the contract headers alone.
+
+``decide`` is a pure function of (``RequestMeta``, ``EngineStats``, what the replica has queued
+and the configuration): no clock, no IO, a handful of arithmetic operations, so it can run on the
+HEADERS frame of every stream and be unit-tested without sockets. Checks, in order:
+
+1. ``prompt_too_long``: the request can never fit (``max_model_len`` or the whole KV cache).
+2. ``queue_full``: the waiting line this request would join (the engine's waiting requests plus
+   the replica's queued ones of its class or a higher one) is at its class's bound.
+3. ``kv_exhausted``: projected KV usage (blocks in use, plus the prefill of everything waiting
+   ahead, plus this request's full ``prompt + max_tokens`` footprint) is above its class's
+   watermark (by default ``low`` 92 %, ``normal`` 98 %, ``high`` 100 %: only when it cannot fit);
+   the retry hint is at least ``kv_retry_steps`` recent engine steps, time for sequences to end.
+4. ``deadline_exceeded``: the estimated queue wait (prefill tokens ahead / token budget per
+   step x the recent step time) already exceeds the request's deadline: fail fast.
+
+:class:`AdmissionQueue` orders admitted requests that the engine has no room for yet: strict
+priority classes, earliest deadline first inside a class, FIFO among equal deadlines. It keeps
+the per-class figures ``decide`` needs (:class:`QueueState`) up to date incrementally.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from zerolayer.contract import (
+    DEADLINE_EXCEEDED,
+    KV_EXHAUSTED,
+    PROMPT_TOO_LONG,
+    QUEUE_FULL,
+    ErrorCode,
+    RequestMeta,
+)
+from zerolayer.engine.types import PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NORMAL, EngineStats
+
+NUM_CLASSES: Final = 3
+CLASSES: Final = (PRIORITY_HIGH, PRIORITY_NORMAL, PRIORITY_LOW)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Admission limits. Index tuples by priority class (0 high, 1 normal, 2 low).
+
+    ``kv_watermarks=None`` turns KV admission off (engines without a KV cache, like ``null``).
+    """
+
+    kv_watermarks: tuple[float, float, float] | None = (1.0, 0.98, 0.92)
+    max_queue: tuple[int, int, int] = (4096, 2048, 512)
+    token_budget: int = 8192
+    max_model_len: int | None = None
+    min_step_ms: float = 0.0
+    min_retry_after_ms: int = 20
+    kv_retry_steps: int = 32
+    max_retry_after_ms: int = 10_000
+
+    @classmethod
+    def for_engine(cls, engine: Any, **overrides: Any) -> SchedulerConfig:
+        """Defaults that fit an engine: KV admission off for ``null``, limits from its config."""
+        values: dict[str, Any] = {}
+        if getattr(engine, "name", "") == "null":
+            values["kv_watermarks"] = None
+        config = getattr(engine, "config", None)
+        for name, attr in (
+            ("token_budget", "max_num_batched_tokens"),
+            ("max_model_len", "max_model_len"),
+        ):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                values[name] = value
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class QueueState:
+    """What the replica holds that the engine has not seen yet, per priority class."""
+
+    count: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
+    prefill_tokens: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
+    blocks: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
+
+    def ahead(self, priority: int) -> tuple[int, int, int]:
+        """(requests, prefill tokens, KV blocks) queued at ``priority`` or a higher class."""
+        n = priority + 1
+        return sum(self.count[:n]), sum(self.prefill_tokens[:n]), sum(self.blocks[:n])
+
+    @property
+    def depth(self) -> int:
+        return sum(self.count)
+
+
+EMPTY_QUEUE: Final = QueueState()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An admission decision: ``error is None`` means admitted."""
+
+    error: ErrorCode | None = None
+    message: str = ""
+    retry_after_ms: int | None = None
+    wait_ms: float = 0.0
+
+    @property
+    def admitted(self) -> bool:
+        return self.error is None
+
+
+ADMIT: Final = Decision()
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def estimated_wait_ms(stats: EngineStats, prefill_ahead: int, config: SchedulerConfig) -> float:
+    """Queue wait before a request's prefill starts: the prefill tokens waiting ahead of it, in
+    steps of ``token_budget`` tokens, at the engine's recent step time."""
+    step_ms = max(stats.step_ms_recent, config.min_step_ms)
+    if step_ms <= 0.0 or prefill_ahead <= 0:
+        return 0.0
+    return step_ms * -(-prefill_ahead // config.token_budget)
+
+
+def _retry_after(wait_ms: float, config: SchedulerConfig) -> int:
+    return int(min(max(wait_ms, config.min_retry_after_ms), config.max_retry_after_ms))
+
+
+def decide(
+    meta: RequestMeta,
+    stats: EngineStats,
+    queue: QueueState = EMPTY_QUEUE,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    prompt_tokens: int | None = None,
+    max_tokens: int | None = None,
+) -> Decision:
+    """Admit or refuse one request; see the module docstring for the checks and their order.
+
+    The cost is ``prompt_tokens``/``max_tokens`` when given, else the headers' values; when
+    neither says (a request whose cost is in its body), the request's own footprint counts as
+    zero and only the load already there can refuse it: call again once the body is parsed.
+    """
+    priority = meta.priority
+    prompt = meta.prompt_tokens if prompt_tokens is None else prompt_tokens
+    output = meta.max_tokens if max_tokens is None else max_tokens
+    own_tokens = (prompt or 0) + (output or 0)
+    block_size = stats.block_size or 1
+    own_blocks = blocks_for(own_tokens, block_size)
+    watermarks = config.kv_watermarks
+
+    if own_tokens:
+        if config.max_model_len is not None and own_tokens > config.max_model_len:
+            return Decision(
+                PROMPT_TOO_LONG,
+                f"prompt {prompt or 0} + max_tokens {output or 0} tokens exceeds max_model_len "
+                f"{config.max_model_len}",
+            )
+        if watermarks is not None and stats.kv_blocks_total and own_blocks > stats.kv_blocks_total:
+            return Decision(
+                PROMPT_TOO_LONG,
+                f"{own_tokens} tokens need {own_blocks} KV blocks; the engine has "
+                f"{stats.kv_blocks_total}",
+            )
+
+    queued, queued_prefill, queued_blocks = queue.ahead(priority) if queue.depth else (0, 0, 0)
+    prefill_ahead = stats.waiting_prefill_tokens + queued_prefill
+    wait = estimated_wait_ms(stats, prefill_ahead, config)
+    depth = stats.waiting + queued
+    if depth >= config.max_queue[priority]:
+        return Decision(
+            QUEUE_FULL,
+            f"{depth} requests wait ahead; this class's bound is {config.max_queue[priority]}",
+            _retry_after(wait, config),
+            wait,
+        )
+
+    if watermarks is not None and stats.kv_blocks_total:
+        projected = (
+            stats.kv_blocks_used
+            + blocks_for(stats.waiting_prefill_tokens, block_size)
+            + queued_blocks
+            + own_blocks
+        )
+        usage = projected / stats.kv_blocks_total
+        if usage > watermarks[priority]:
+            return Decision(
+                KV_EXHAUSTED,
+                f"projected KV usage {usage:.1%} is above this class's watermark "
+                f"{watermarks[priority]:.0%}",
+                _retry_after(max(wait, stats.step_ms_recent * config.kv_retry_steps), config),
+                wait,
+            )
+
+    if wait >= meta.deadline_ms:
+        return Decision(
+            DEADLINE_EXCEEDED,
+            f"estimated queue wait {wait:.0f} ms already exceeds deadline {meta.deadline_ms} ms",
+            None,
+            wait,
+        )
+    return ADMIT if wait == 0.0 else Decision(wait_ms=wait)
+
+
+def engine_has_room(
+    stats: EngineStats, config: SchedulerConfig, starting: int = 0, starting_prefill: int = 0
+) -> bool:
+    """Whether the engine can take another request now without queueing it behind a full step:
+    a free sequence slot and less than one step's token budget of prefill already waiting.
+
+    ``starting``/``starting_prefill``: requests handed over but not yet seen in ``stats``.
+    """
+    if stats.max_num_seqs and stats.running + stats.waiting + starting >= stats.max_num_seqs:
+        return False
+    return stats.waiting_prefill_tokens + starting_prefill < config.token_budget
+
+
+class AdmissionQueue:
+    """Admitted requests waiting for engine room: strict priority, then earliest deadline first.
+
+    Entries are opaque items; ``push`` takes the ordering keys and the cost figures that
+    :class:`QueueState` aggregates. Removing an entry (deadline, client reset) is lazy: it is
+    marked and skipped when it reaches the front, but leaves the per-class figures at once.
+    """
+
+    __slots__ = ("_counter", "_heap", "_live", "state")
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._counter = itertools.count()
+        self._live = 0
+        self.state = QueueState()
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(
+        self, item: Any, priority: int, deadline: float, prefill_tokens: int, blocks: int
+    ) -> list[Any]:
+        """Queue ``item``; returns the entry handle to pass to ``remove``."""
+        entry = [priority, deadline, next(self._counter), item, prefill_tokens, blocks, True]
+        heapq.heappush(self._heap, entry)
+        state = self.state
+        state.count[priority] += 1
+        state.prefill_tokens[priority] += prefill_tokens
+        state.blocks[priority] += blocks
+        self._live += 1
+        return entry
+
+    def _forget(self, entry: list[Any]) -> None:
+        entry[6] = False
+        priority = entry[0]
+        state = self.state
+        state.count[priority] -= 1
+        state.prefill_tokens[priority] -= entry[4]
+        state.blocks[priority] -= entry[5]
+        self._live -= 1
+
+    def remove(self, entry: list[Any]) -> bool:
+        """Take an entry out of the line; False if it already left."""
+        if not entry[6]:
+            return False
+        self._forget(entry)
+        return True
+
+    def peek(self) -> Any | None:
+        heap = self._heap
+        while heap and not heap[0][6]:
+            heapq.heappop(heap)
+        return heap[0][3] if heap else None
+
+    def pop(self) -> Any | None:
+        """The next item in order, or None when empty."""
+        heap = self._heap
+        while heap:
+            entry = heapq.heappop(heap)
+            if entry[6]:
+                self._forget(entry)
+                return entry[3]
+        return None
+
+
+__all__ = [
+    "ADMIT",
+    "CLASSES",
+    "PRIORITY_HIGH",
+    "PRIORITY_LOW",
+    "PRIORITY_NORMAL",
+    "AdmissionQueue",
+    "Decision",
+    "QueueState",
+    "SchedulerConfig",
+    "blocks_for",
+    "decide",
+    "engine_has_room",
+    "estimated_wait_ms",
+]

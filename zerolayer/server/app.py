@@ -1,0 +1,128 @@
+"""Starting and stopping a replica server in-process: :func:`start_replica`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from typing import Any
+
+from zerolayer.accounting import Accounting
+from zerolayer.scheduler import SchedulerConfig
+from zerolayer.server.connection import ReplicaProtocol
+from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
+
+DRAIN_TIMEOUT_S = 30.0
+
+
+def tls_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]) -> ssl.SSLContext:
+    """A server TLS context offering ALPN ``h2`` then ``http/1.1``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(os.fspath(cert), os.fspath(key))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    context.options |= ssl.OP_NO_COMPRESSION
+    return context
+
+
+class ReplicaHandle:
+    """A running replica: ``port``, ``url``, ``engine``, ``replica``; ``drain()``, ``close()``.
+
+    The engine belongs to the caller: ``close`` stops the server, not the engine.
+    """
+
+    def __init__(
+        self,
+        replica: Replica,
+        server: asyncio.AbstractServer,
+        protocols: set[ReplicaProtocol],
+        host: str,
+        tls: bool,
+    ) -> None:
+        self.replica = replica
+        self.engine = replica.engine
+        self.server = server
+        self._protocols = protocols
+        self.host = host
+        self.port: int = server.sockets[0].getsockname()[1]
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://{host}:{self.port}"
+        self.closed = False
+
+    @property
+    def name(self) -> str:
+        return self.replica.name
+
+    async def drain(self, timeout: float | None = DRAIN_TIMEOUT_S) -> bool:
+        """Refuse new streams with ``draining`` and wait for in-flight ones to finish (False if
+        ``timeout`` passed first). The server keeps answering ``/health`` and ``/metrics``."""
+        return await self.replica.drain(timeout)
+
+    async def close(self, timeout: float | None = DRAIN_TIMEOUT_S) -> None:
+        """Graceful stop: drain, send GOAWAY, close connections and the listener, flush the
+        accounting. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.replica.drain(timeout)
+        self.server.close()
+        for protocol in list(self._protocols):
+            protocol.goaway()
+        await asyncio.sleep(0)
+        for protocol in list(self._protocols):
+            protocol.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.wait_closed(), 1.0)
+        self.replica.accounting.close()
+
+    async def __aenter__(self) -> ReplicaHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def start_replica(
+    engine: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    accounting_path: str | os.PathLike[str] | None = None,
+    scheduler_config: SchedulerConfig | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    keepalive_s: float = 20.0,
+    accounting_flush_s: float = 1.0,
+    backlog: int = 1024,
+) -> ReplicaHandle:
+    """Serve ``engine`` on ``host:port`` (0: a free port) with HTTP/2 and HTTP/1.1.
+
+    TLS with ALPN when ``tls_cert`` and ``tls_key`` are given. Call on the loop that will run it.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("give both tls_cert and tls_key, or neither")
+    context = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
+    name = name or f"replica-{os.getpid()}"
+    accounting = Accounting(accounting_path, flush_interval_s=accounting_flush_s, replica=name)
+    replica = Replica(
+        engine,
+        name=name,
+        config=scheduler_config,
+        max_body_bytes=max_body_bytes,
+        accounting=accounting,
+        keepalive_s=keepalive_s,
+    )
+    protocols: set[ReplicaProtocol] = set()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: ReplicaProtocol(replica, protocols),
+        host,
+        port,
+        ssl=context,
+        backlog=backlog,
+        reuse_address=True,
+    )
+    accounting.start(loop)
+    return ReplicaHandle(replica, server, protocols, host, context is not None)

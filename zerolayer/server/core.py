@@ -1,0 +1,548 @@
+"""The replica's request handling, independent of the wire: routing, admission, the engine run.
+
+A protocol (HTTP/2 or HTTP/1.1) hands :meth:`Replica.on_request` a *sink* for each request, the
+headers, and then the body as it arrives; everything after that talks to the sink only:
+
+- ``respond(status, headers, body)``: a whole response; a sink whose request body is not
+  finished also tells the client to stop uploading (HTTP/2: RST_STREAM(NO_ERROR) after it);
+- ``start(status, headers)``, ``write(data)``, ``end(data)``: a streamed response;
+- ``cancel()``: abandon the response now (HTTP/2: RST_STREAM(CANCEL));
+- ``open_window(n)``: let the client upload ``n`` more body bytes (HTTP/2 flow control).
+
+Admission is decided on the headers: when ``zl-prompt-tokens`` and ``zl-max-tokens`` are there,
+the scheduler decides completely before a byte of body is read; without them it refuses on the
+load already there, and decides again on the body's cost. A refusal is answered at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from typing import Any, Final, Protocol
+
+from zerolayer import contract
+from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
+from zerolayer.contract import (
+    BAD_REQUEST,
+    DEADLINE_EXCEEDED,
+    DRAINING,
+    ENGINE_DOWN,
+    ERRORS,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    PAYLOAD_TOO_LARGE,
+    ContractError,
+    ErrorCode,
+    RequestMeta,
+)
+from zerolayer.engine.types import EngineError, EngineRequest, TokenChunk
+from zerolayer.scheduler import (
+    AdmissionQueue,
+    SchedulerConfig,
+    blocks_for,
+    decide,
+    engine_has_room,
+)
+from zerolayer.server import openai, status
+from zerolayer.server.openai import CHAT, COMPLETIONS, Body, Framer
+
+log = logging.getLogger("zerolayer.server")
+
+DEFAULT_MAX_BODY_BYTES: Final = 4 << 20
+PUMP_INTERVAL_S: Final = 0.005
+
+JSON: Final = (b"content-type", b"application/json")
+SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_ZL_ERROR: Final = contract.ERROR.encode()
+_RETRY_AFTER: Final = contract.RETRY_AFTER_MS.encode()
+_REQUEST_ID: Final = contract.REQUEST_ID.encode()
+
+# Routes: path -> (method, handler name). Generation routes take a body; the rest are GETs.
+ROUTES: Final = {
+    b"/v1/completions": (b"POST", COMPLETIONS),
+    b"/v1/chat/completions": (b"POST", CHAT),
+    b"/v1/models": (b"GET", "models"),
+    b"/health": (b"GET", "health"),
+    b"/metrics": (b"GET", "metrics"),
+}
+
+# Call states.
+BODY, QUEUED, RUNNING, DONE = range(4)
+
+
+class Sink(Protocol):
+    """What a protocol gives the replica for one request; see the module docstring."""
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def end(self, data: bytes) -> None: ...
+    def cancel(self) -> None: ...
+    def open_window(self, size: int) -> None: ...
+
+
+def error_headers(
+    error: ErrorCode, request_id: bytes | None = None, retry_after_ms: int | None = None
+) -> list[tuple[bytes, bytes]]:
+    headers = [JSON, (_ZL_ERROR, error.code.encode())]
+    if retry_after_ms is not None:
+        headers.append((_RETRY_AFTER, str(retry_after_ms).encode()))
+    if request_id is not None:
+        headers.append((_REQUEST_ID, request_id))
+    return headers
+
+
+class Call:
+    """One generation request from its headers to its last byte."""
+
+    __slots__ = ("blocks", "body", "body_len", "completion_tokens", "deadline_at", "engine_id",
+                 "first", "framer", "id_headers", "kind", "launched", "max_body", "meta", "parts",
+                 "prompt_tokens", "queue_entry", "replica", "request_id", "sink", "start_ns",
+                 "started", "state", "task", "text", "timer")  # fmt: skip
+
+    def __init__(
+        self,
+        replica: Replica,
+        sink: Sink,
+        kind: str,
+        meta: RequestMeta,
+        request_id: str,
+        max_body: int,
+        echo_id: bool,
+    ) -> None:
+        self.replica = replica
+        self.sink = sink
+        self.kind = kind
+        self.meta = meta
+        self.request_id = request_id
+        # A client that named its request knows the id: echo only the ones the replica made up.
+        self.id_headers = [(_REQUEST_ID, request_id.encode())] if echo_id else []
+        self.engine_id = ""
+        self.max_body = max_body
+        self.state = BODY
+        self.parts: list[bytes] = []
+        self.text: list[str] = []
+        self.body_len = 0
+        self.body: Body | None = None
+        self.framer: Framer | None = None
+        self.prompt_tokens = meta.prompt_tokens or 0
+        self.completion_tokens = 0
+        self.blocks = 0
+        self.first = True
+        self.started = False
+        self.launched = False
+        self.task: asyncio.Task[None] | None = None
+        self.queue_entry: list[Any] | None = None
+        self.start_ns = time.time_ns()
+        loop = replica.loop
+        self.deadline_at = loop.time() + meta.deadline_ms / 1000.0
+        self.timer = loop.call_at(self.deadline_at, self.on_deadline)
+
+    # -- the request body ---------------------------------------------------------------------
+
+    def on_data(self, data: bytes) -> None:
+        if self.state != BODY:
+            return
+        self.body_len += len(data)
+        if self.body_len > self.max_body:
+            self.refuse(PAYLOAD_TOO_LARGE, f"request body exceeds {self.max_body} bytes")
+            return
+        self.parts.append(data)
+
+    def on_end(self) -> None:
+        """The body is complete: parse it once, admit on its cost, run or queue."""
+        if self.state != BODY:
+            return
+        replica = self.replica
+        raw = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        self.parts = []
+        meta = self.meta
+        try:
+            body = openai.parse_body(self.kind, raw, meta)
+        except ContractError as exc:
+            self.refuse(exc.error, exc.message)
+            return
+        self.body = body
+        self.prompt_tokens = body.prompt_tokens
+        if meta.prompt_tokens is None or meta.max_tokens is None:
+            decision = decide(
+                meta,
+                replica.engine.stats(),
+                replica.queue.state,
+                replica.config,
+                prompt_tokens=body.prompt_tokens,
+                max_tokens=body.max_tokens,
+            )
+            if decision.error is not None:
+                self.refuse(decision.error, decision.message, decision.retry_after_ms)
+                return
+        self.framer = Framer(
+            self.kind, self.request_id, body.model or replica.model, body.include_usage
+        )
+        replica.dispatch(self)
+
+    # -- the engine run -----------------------------------------------------------------------
+
+    def on_chunk(self, chunk: TokenChunk) -> None:
+        self.completion_tokens = chunk.completion_tokens
+        if chunk.prompt_tokens:
+            self.prompt_tokens = chunk.prompt_tokens
+        framer = self.framer
+        assert framer is not None and self.body is not None
+        finish = chunk.finish_reason
+        if finish == "abort":
+            self.fail(ENGINE_DOWN, "the engine aborted the request")
+            return
+        if self.body.stream:
+            if not self.started:
+                self.started = True
+                self.sink.start(200, [*SSE_HEADERS, *self.id_headers])
+            if finish is None:
+                self.sink.write(framer.event(chunk.text, self.first))
+                self.first = False
+            else:
+                usage = openai.usage(self.prompt_tokens, self.completion_tokens)
+                self.sink.end(framer.last_event(chunk.text, self.first, finish, usage))
+                self.finish(COMPLETED)
+        else:
+            self.text.append(chunk.text)
+            if finish is not None:
+                usage = openai.usage(self.prompt_tokens, self.completion_tokens)
+                body = framer.body("".join(self.text), finish, usage)
+                headers = [JSON, (b"content-length", str(len(body)).encode()), *self.id_headers]
+                self.sink.respond(200, headers, body)
+                self.finish(COMPLETED)
+
+    def fail(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
+        """End the request with an error: a whole error response if nothing was sent yet, else
+        a final SSE error event and RST_STREAM(CANCEL)."""
+        if self.state == DONE:
+            return
+        if self.started:
+            self.sink.write(openai.error_event(error, message))
+            self.sink.cancel()
+            self.replica.failures[error.code] += 1
+            self.finish(ERROR, error.code)
+        else:
+            self.refuse(error, message, retry_after_ms)
+
+    def refuse(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
+        """Answer with an error before any output (the sink stops an unfinished upload)."""
+        if self.state == DONE:
+            return
+        self.sink.respond(
+            error.status,
+            error_headers(error, self.request_id.encode(), retry_after_ms),
+            contract.error_body(error, message),
+        )
+        self.replica.refusals[error.code] += 1
+        self.finish(ERROR, error.code)
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def on_deadline(self) -> None:
+        self.timer = None
+        if self.state != DONE:
+            self.stop()
+            self.fail(DEADLINE_EXCEEDED, f"deadline of {self.meta.deadline_ms} ms expired")
+
+    def on_reset(self) -> None:
+        """The client reset the stream or the connection went away: stop the engine's work."""
+        if self.state != DONE:
+            self.stop()
+            self.finish(CANCELLED)
+
+    def stop(self) -> None:
+        """Leave the queue or stop the engine run (the engine request is aborted)."""
+        replica = self.replica
+        if self.state == QUEUED and self.queue_entry is not None:
+            replica.queue.remove(self.queue_entry)
+        elif self.state == RUNNING:
+            if not self.launched:
+                replica.mark_launched(self)
+            task = self.task
+            if task is not None and not task.done():
+                task.cancel()
+            replica.engine.abort(self.engine_id)
+
+    def finish(self, outcome: str, error: str | None = None) -> None:
+        if self.state == DONE:
+            return
+        self.state = DONE
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.replica.finished(self, outcome, error)
+
+
+class Replica:
+    """One engine, its scheduler and its counters; shared by every connection of the server."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        name: str = "replica",
+        config: SchedulerConfig | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        accounting: Accounting | None = None,
+        keepalive_s: float = 20.0,
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.model = str(getattr(getattr(engine, "config", None), "model_shape", engine.name))
+        self.config = config or SchedulerConfig.for_engine(engine)
+        self.max_body_bytes = max_body_bytes
+        self.accounting = accounting or Accounting(replica=name)
+        self.keepalive_s = keepalive_s
+        self.loop = asyncio.get_running_loop()
+        self.queue = AdmissionQueue()
+        self.draining = False
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ids = itertools.count(1)
+        self._engine_ids = itertools.count(1)
+        self._launching = 0
+        self._launching_prefill = 0
+        self._pump_timer: asyncio.TimerHandle | None = None
+        self.refusals: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.connections = 0
+        self._models_body = openai.models_body(self.model)
+        self.block_size = engine.stats().block_size or 1
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def on_request(
+        self, sink: Sink, headers: list[tuple[bytes, bytes]], body_follows: bool
+    ) -> Call | None:
+        """Route one request from its headers; a Call when a body is to be read, else None.
+
+        ``headers`` holds the pseudo-headers (``:method``, ``:path``) and the regular ones.
+        """
+        method = path = b""
+        content_length = -1
+        zl: list[tuple[bytes, bytes]] = []
+        request_id: bytes | None = None
+        for name, value in headers:
+            if name[0] == 58:  # b":"
+                if name == b":method":
+                    method = value
+                elif name == b":path":
+                    path = value
+            elif name[:3] == b"zl-":
+                if name == _REQUEST_ID:
+                    request_id = value
+                else:
+                    zl.append((name, value))
+            elif name == b"content-length":
+                content_length = int(value) if value.isdigit() else -2
+        route = ROUTES.get(path)
+        if route is None and b"?" in path:
+            route = ROUTES.get(path.split(b"?", 1)[0])
+        if route is None:
+            return self._refuse(sink, NOT_FOUND, f"no route for {path.decode('latin-1')}")
+        if method != route[0]:
+            message = f"{path.decode('latin-1')} takes {route[0].decode()}"
+            return self._refuse(sink, METHOD_NOT_ALLOWED, message)
+        kind = route[1]
+        if kind == "health":
+            body = status.health_body(self)
+            sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
+            return None
+        if kind == "metrics":
+            body = status.metrics_text(self)
+            sink.respond(200, [(b"content-type", status.METRICS_TYPE),
+                               (b"content-length", str(len(body)).encode())], body)  # fmt: skip
+            return None
+        if kind == "models":
+            body = self._models_body
+            sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
+            return None
+        rid = request_id.decode("latin-1") if request_id else f"{self.name}-{next(self._ids)}"
+        if self.draining:
+            return self._refuse(sink, DRAINING, "the replica is draining", rid, retry_after_ms=0)
+        try:
+            meta = contract.parse_headers(zl)
+        except ContractError as exc:
+            return self._refuse(sink, exc.error, exc.message, rid)
+        if content_length == -2:
+            return self._refuse(
+                sink, BAD_REQUEST, "content-length is not a number", rid, None, meta
+            )
+        if content_length > self.max_body_bytes:
+            message = f"request body exceeds {self.max_body_bytes} bytes"
+            return self._refuse(sink, PAYLOAD_TOO_LARGE, message, rid, None, meta)
+        decision = decide(meta, self.engine.stats(), self.queue.state, self.config)
+        if decision.error is not None:
+            return self._refuse(
+                sink, decision.error, decision.message, rid, decision.retry_after_ms, meta
+            )
+        if not body_follows:
+            return self._refuse(sink, BAD_REQUEST, "the request has no body", rid, None, meta)
+        call = Call(self, sink, kind, meta, rid, self.max_body_bytes, request_id is None)
+        self.active += 1
+        self._idle.clear()
+        sink.open_window(content_length if content_length >= 0 else self.max_body_bytes)
+        return call
+
+    def _refuse(
+        self,
+        sink: Sink,
+        error: ErrorCode,
+        message: str,
+        request_id: str | None = None,
+        retry_after_ms: int | None = None,
+        meta: RequestMeta | None = None,
+    ) -> None:
+        """Answer an error on the headers alone; a generation request is also accounted."""
+        self.refusals[error.code] += 1
+        sink.respond(
+            error.status,
+            error_headers(error, request_id.encode() if request_id else None, retry_after_ms),
+            contract.error_body(error, message),
+        )
+        if request_id is not None:
+            now = time.time_ns()
+            self.accounting.record(
+                request_id,
+                meta.tenant if meta else "",
+                meta.session if meta else "",
+                0,
+                0,
+                now,
+                now,
+                ERROR,
+                error.code,
+                meta.priority if meta else 1,
+            )
+        return None
+
+    # -- dispatch to the engine -----------------------------------------------------------------
+
+    def dispatch(self, call: Call) -> None:
+        """Run the call now if the engine has room and nothing waits, else queue it in order."""
+        body = call.body
+        assert body is not None
+        if not self.queue and engine_has_room(
+            self.engine.stats(), self.config, self._launching, self._launching_prefill
+        ):
+            self._start(call)
+            return
+        call.blocks = blocks_for(body.prompt_tokens + body.max_tokens, self.block_size)
+        call.state = QUEUED
+        call.queue_entry = self.queue.push(
+            call, call.meta.priority, call.deadline_at, body.prompt_tokens, call.blocks
+        )
+        if self._pump_timer is None:
+            self._pump_timer = self.loop.call_later(PUMP_INTERVAL_S, self._pump_tick)
+
+    def _start(self, call: Call) -> None:
+        call.state = RUNNING
+        call.queue_entry = None
+        call.engine_id = f"{self.name}:{next(self._engine_ids)}"
+        self._launching += 1
+        self._launching_prefill += call.prompt_tokens
+        call.task = self.loop.create_task(self._run(call))
+
+    def mark_launched(self, call: Call) -> None:
+        call.launched = True
+        self._launching -= 1
+        self._launching_prefill -= call.prompt_tokens
+
+    def pump(self) -> None:
+        """Start queued calls, in order, while the engine has room for them."""
+        queue = self.queue
+        engine = self.engine
+        config = self.config
+        while queue:
+            if not engine_has_room(
+                engine.stats(), config, self._launching, self._launching_prefill
+            ):
+                return
+            call = queue.pop()
+            self._start(call)
+
+    def _pump_tick(self) -> None:
+        self._pump_timer = None
+        self.pump()
+        if self.queue:
+            self._pump_timer = self.loop.call_later(PUMP_INTERVAL_S, self._pump_tick)
+
+    async def _run(self, call: Call) -> None:
+        body = call.body
+        assert body is not None
+        self.mark_launched(call)
+        request = EngineRequest(
+            request_id=call.engine_id,
+            prompt_tokens=body.prompt_tokens,
+            max_tokens=body.max_tokens,
+            seed=body.seed,
+            priority=call.meta.priority,
+            prompt=body.prompt,
+        )
+        queue = self.queue
+        try:
+            async for chunk in self.engine.generate(request):
+                if call.state != RUNNING:
+                    return
+                call.on_chunk(chunk)
+                if queue:
+                    self.pump()
+            if call.state == RUNNING:
+                call.fail(ENGINE_DOWN, "the engine ended the stream without a finish reason")
+        except asyncio.CancelledError:
+            return
+        except EngineError as exc:
+            call.fail(ERRORS.get(exc.code, ENGINE_DOWN), str(exc))
+        except Exception as exc:  # an engine bug must not take the connection down
+            log.exception("engine failed on %s", call.request_id)
+            call.fail(ENGINE_DOWN, f"engine error: {exc}")
+
+    def finished(self, call: Call, outcome: str, error: str | None) -> None:
+        """Count and account a call that ended; tokens are those the client was sent."""
+        self.outcomes[outcome] += 1
+        delivered = call.started or outcome == COMPLETED
+        prompt = call.prompt_tokens if delivered else 0
+        completion = call.completion_tokens if delivered else 0
+        self.prompt_tokens_total += prompt
+        self.generation_tokens_total += completion
+        meta = call.meta
+        self.accounting.record(
+            call.request_id,
+            meta.tenant,
+            meta.session,
+            prompt,
+            completion,
+            call.start_ns,
+            time.time_ns(),
+            outcome,
+            error,
+            meta.priority,
+        )
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+        if self.queue:
+            self.pump()
+
+    # -- drain ----------------------------------------------------------------------------------
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Refuse new requests with ``draining`` and wait for the admitted ones to finish;
+        False if ``timeout`` passed first."""
+        self.draining = True
+        if self._idle.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,120 @@
+"""``/health`` (JSON) and ``/metrics`` (Prometheus text) for one replica.
+
+Metric names follow vLLM's where vLLM has the figure (``vllm:kv_cache_usage_perc``,
+``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:num_preemptions_total``,
+``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``), so dashboards built for vLLM
+read a replica unchanged; what only the zero-layer replica has is under ``zl_``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import orjson
+
+if TYPE_CHECKING:
+    from zerolayer.server.core import Replica
+
+METRICS_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
+KV_PRESSURE_FROM: Final = 0.8
+
+
+def health(replica: Replica) -> dict[str, object]:
+    """The replica's published health.
+
+    ``health`` (also as ``score``) is 1.0 for an idle replica and falls to 0 as KV usage climbs
+    from 80 % to 100 % or the queue fills towards the ``normal`` class's bound; 0 while draining.
+    """
+    stats = replica.engine.stats()
+    queued = len(replica.queue)
+    depth = stats.waiting + queued
+    kv = stats.kv_usage if replica.config.kv_watermarks is not None else 0.0
+    kv_pressure = min(1.0, max(0.0, (kv - KV_PRESSURE_FROM) / (1.0 - KV_PRESSURE_FROM)))
+    queue_pressure = min(1.0, depth / max(1, replica.config.max_queue[1]))
+    score = 0.0 if replica.draining else round(1.0 - max(kv_pressure, queue_pressure), 4)
+    return {
+        "status": "draining" if replica.draining else "ok",
+        "health": score,
+        "score": score,
+        "kv_usage": round(kv, 6),
+        "queue_depth": depth,
+        "queued": queued,
+        "running": stats.running,
+        "waiting": stats.waiting,
+        "active": replica.active,
+        "draining": replica.draining,
+        "replica": replica.name,
+        "model": replica.model,
+        "engine": replica.engine.name,
+    }
+
+
+def health_body(replica: Replica) -> bytes:
+    return orjson.dumps(health(replica))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(replica: Replica) -> bytes:
+    """The Prometheus exposition of the replica's gauges and counters."""
+    stats = replica.engine.stats()
+    model = f'model_name="{_escape(replica.model)}"'
+    queued = len(replica.queue)
+    lines = [
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{model}}} {stats.kv_usage}",
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{model}}} {stats.running}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{model}}} {stats.waiting + queued}",
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{model}}} {stats.preemptions}",
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{{{model}}} {replica.prompt_tokens_total}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{{{model}}} {replica.generation_tokens_total}",
+        "# HELP zl_queue_depth Requests admitted by the replica and waiting for engine room.",
+        "# TYPE zl_queue_depth gauge",
+        f"zl_queue_depth {queued}",
+        "# HELP zl_active_requests Requests admitted and not finished.",
+        "# TYPE zl_active_requests gauge",
+        f"zl_active_requests {replica.active}",
+        "# HELP zl_connections Open client connections.",
+        "# TYPE zl_connections gauge",
+        f"zl_connections {replica.connections}",
+        "# HELP zl_draining 1 while the replica drains.",
+        "# TYPE zl_draining gauge",
+        f"zl_draining {int(replica.draining)}",
+        "# HELP zl_kv_waste KV internal fragmentation: 1 - live tokens / used block capacity.",
+        "# TYPE zl_kv_waste gauge",
+        f"zl_kv_waste {stats.kv_waste}",
+        "# HELP zl_refusals_total Requests answered with an error before any output, by code.",
+        "# TYPE zl_refusals_total counter",
+    ]
+    lines += [f'zl_refusals_total{{code="{c}"}} {n}' for c, n in sorted(replica.refusals.items())]
+    lines += [
+        "# HELP zl_failures_total Streams ended by an error after output started, by code.",
+        "# TYPE zl_failures_total counter",
+    ]
+    lines += [f'zl_failures_total{{code="{c}"}} {n}' for c, n in sorted(replica.failures.items())]
+    lines += [
+        "# HELP zl_requests_total Generation requests by outcome.",
+        "# TYPE zl_requests_total counter",
+    ]
+    lines += [
+        f'zl_requests_total{{outcome="{o}"}} {n}' for o, n in sorted(replica.outcomes.items())
+    ]
+    lines += [
+        "# HELP zl_accounting_dropped_total Accounting rows lost to a full ring buffer.",
+        "# TYPE zl_accounting_dropped_total counter",
+        f"zl_accounting_dropped_total {replica.accounting.dropped}",
+    ]
+    return ("\n".join(lines) + "\n").encode()
