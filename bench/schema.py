@@ -6,7 +6,7 @@ One home for these names; loaders write them, metrics and the report read them b
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Final, Literal
 
@@ -37,8 +37,11 @@ class RequestRecord:
 
     Times are ``time.time_ns()``-based wall-clock nanoseconds so records from different processes
     line up with telemetry. ``intended_start_ns`` is when the schedule said to send (latency from
-    it is coordinated-omission free); ``sent_ns`` is when the request really went out.
+    it is coordinated-omission free); ``dispatch_ns`` is when the loader handed it to the client
+    (dispatch - intended is the loader's scheduling lag); ``sent_ns`` is when it really went out.
     ``chunk_ns`` holds the arrival time of every content chunk, the first one being TTFT.
+    ``engine_ns`` is the time the request spent inside the engine by the serving side's own
+    accounting (0 when the stack does not report it); the rest of its latency is the layer's.
     """
 
     request_id: str
@@ -46,6 +49,7 @@ class RequestRecord:
     profile: str
     loader: str
     intended_start_ns: int
+    dispatch_ns: int = 0
     sent_ns: int = 0
     first_token_ns: int = 0
     end_ns: int = 0
@@ -63,9 +67,12 @@ class RequestRecord:
     replica: str = ""
     retries: int = 0
     deadline_ms: int = 0
+    engine_ns: int = 0
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        """orjson serialises dataclasses natively: same JSON as ``asdict`` at a tenth of the cost
+        (this runs once per request inside the loader's event loop)."""
+        return orjson.dumps(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:

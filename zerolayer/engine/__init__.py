@@ -21,7 +21,7 @@ from zerolayer.engine.types import (
     TokenChunk,
 )
 
-ENGINES = ("sim", "null")
+ENGINES = ("sim", "null", "torch", "vllm")
 
 __all__ = [
     "ENGINES",
@@ -41,11 +41,23 @@ __all__ = [
 
 
 def make_engine(name: str, **options: Any) -> Engine:
-    """Build an engine by name; options go to its config (for ``sim``: SimConfig's fields)."""
+    """Build an engine by name; options go to its config (for ``sim``: SimConfig's fields).
+
+    ``torch`` and ``vllm`` are imported only when asked for, so importing zerolayer never
+    imports torch or vllm.
+    """
     if name == "sim":
         return SimEngine(SimConfig(**options))
     if name == "null":
         if options:
             raise ValueError(f"the null engine takes no options, got {sorted(options)}")
         return NullEngine()
+    if name == "torch":
+        from zerolayer.engine.torch_engine import TorchEngine, TorchEngineConfig
+
+        return TorchEngine(TorchEngineConfig(**options))
+    if name == "vllm":
+        from zerolayer.engine.vllm_engine import VllmEngine, VllmEngineConfig
+
+        return VllmEngine(VllmEngineConfig(**options))
     raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")

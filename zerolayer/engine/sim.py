@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from zerolayer.engine.kv import KVBlockManager
 from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
-from zerolayer.engine.tokens import detokenize, token_ids
+from zerolayer.engine.tokens import detokenize, token_array
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 H200_MEMORY_BYTES = 150_754_820_096
@@ -63,7 +63,7 @@ class _Seq:
         self.prompt_tokens = request.prompt_tokens
         self.priority = request.priority
         self.arrival = arrival
-        self.ids = token_ids(request.seed, request.max_tokens)
+        self.ids = token_array(request.seed, request.max_tokens)
         self.computed = 0
         self.emitted = 0
         self.pending: list[int] = []

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
+import xxhash
 
 VOCAB_SIZE = 4096
 BYTES_PER_TOKEN = 4
@@ -30,6 +32,13 @@ def token_ids(seed: int, count: int) -> list[int]:
     return rng.integers(0, VOCAB_SIZE, size=count, dtype=np.int64).tolist()
 
 
+def token_array(seed: int, count: int) -> array[int]:
+    """The same stream as :func:`token_ids`, packed two bytes a token for long-lived sequences."""
+    rng = np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF)
+    draw = rng.integers(0, VOCAB_SIZE, size=count, dtype=np.int64).astype(np.uint16)
+    return array("H", draw.tobytes())
+
+
 def detokenize(ids: list[int]) -> str:
     """Text for token ids; a fixed vocabulary so byte counts are realistic but cheap."""
     vocab = VOCAB
@@ -39,3 +48,13 @@ def detokenize(ids: list[int]) -> str:
 def count_prompt_tokens(text: str) -> int:
     """The token count the engines charge for a prompt: about four UTF-8 bytes per token."""
     return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
+
+
+def request_seed(prompt: str, seed: int | None) -> int:
+    """The token seed for a request: the body's ``seed`` if given, else xxh64 of the prompt.
+
+    Every stack derives the seed here, so the same request returns the same stream everywhere.
+    """
+    if seed is not None:
+        return seed
+    return xxhash.xxh64_intdigest(prompt.encode())

@@ -1,0 +1,203 @@
+"""``report.html``: one self-contained page (plots embedded as PNG data URIs) per run.
+
+Sections: the run header, an "incomplete run" banner when the run was cut short, validity flags,
+the summary table, the claims check, fault markers, telemetry sources, and every plot.
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from bench import schema
+from bench.report import claims, plots
+from bench.report.data import RunData, load_run
+
+SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("num_requests", "requests", "{:.0f}"),
+    ("completed", "completed", "{:.0f}"),
+    ("errors", "errors", "{:.0f}"),
+    ("lost", "lost", "{:.0f}"),
+    ("median_ttft_ms", "TTFT p50 (ms)", "{:.2f}"),
+    ("p99_ttft_ms", "TTFT p99 (ms)", "{:.2f}"),
+    ("median_itl_ms", "ITL p50 (ms)", "{:.2f}"),
+    ("p99_itl_ms", "ITL p99 (ms)", "{:.2f}"),
+    ("median_e2el_ms", "E2EL p50 (ms)", "{:.2f}"),
+    ("p99_e2el_ms", "E2EL p99 (ms)", "{:.2f}"),
+    ("std_e2el_ms", "E2EL std (ms)", "{:.2f}"),
+    ("p99_e2el_intended_ms", "E2EL p99 from intended (ms)", "{:.2f}"),
+    ("p99_lag_ms", "loader lag p99 (ms)", "{:.3f}"),
+    ("request_throughput", "req/s", "{:.2f}"),
+    ("output_throughput", "output tok/s", "{:.1f}"),
+)
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th{background:#f0f0f0}td.l,th.l{text-align:left}
+.banner{background:#fde2e1;border:2px solid #c0392b;padding:1em;font-weight:bold}
+.held{background:#e3f6e3}.not-held{background:#fde2e1}.not-measured{background:#f3f3f3}
+.invalid{background:#fff3cd}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
+"""
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if isinstance(value, int | float):
+        return fmt.format(value)
+    return escape(str(value)) if value is not None else "-"
+
+
+def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
+    head = "".join(
+        f"<th class='l'>{h}</th>" if i < left else f"<th>{h}</th>" for i, h in enumerate(headers)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='l'>{c}</td>" if i < left else f"<td>{c}</td>" for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _summary_section(run: RunData) -> str:
+    rows, notes = [], []
+    for entry in run.summaries:
+        valid = entry.get("valid", True)
+        flag = "valid" if valid else "INVALID"
+        if entry.get("recomputed"):
+            flag += " (recomputed)"
+        rows.append(
+            [escape(str(entry.get(k, ""))) for k in ("stack", "profile", "loader")]
+            + [_cell(entry.get(key), fmt) for key, _, fmt in SUMMARY_COLUMNS]
+            + [flag]
+        )
+        for reason in entry.get("invalid_reasons", []):
+            notes.append(
+                f"<li>{escape(entry['stack'])} / {escape(entry['profile'])}: {escape(reason)}</li>"
+            )
+    headers = ["stack", "profile", "loader", *(h for _, h, _ in SUMMARY_COLUMNS), "validity"]
+    out = "<h2>Summary</h2>" + _table(headers, rows, left=3)
+    if notes:
+        out += (
+            "<div class='invalid'><b>Validity flags</b>: these figures are not the server's "
+            f"latency.<ul>{''.join(notes)}</ul></div>"
+        )
+    return out
+
+
+def _validity_section(run: RunData) -> str:
+    flags = run.meta.get("validity")
+    if not flags:
+        return ""
+    items = flags.items() if isinstance(flags, dict) else enumerate(flags)
+    lis = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in items)
+    return f"<h2>Run validity flags</h2><ul>{lis}</ul>"
+
+
+def _claims_section(run: RunData) -> str:
+    rows = []
+    for result in claims.evaluate(run):
+        css = result.status.replace(" ", "-")
+        rows.append(
+            [
+                escape(result.claim),
+                escape(result.claimed),
+                escape(result.measured),
+                f"<span class='{css}'><b>{escape(result.status)}</b></span>",
+                escape(result.rule),
+            ]
+        )
+    return (
+        "<h2>Seed-study claims</h2><p>Each claim from DESIGN.md against this run's "
+        "measurements; the rule column says how the verdict was reached.</p>"
+        + _table(["claim", "claimed", "measured", "verdict", "rule"], rows, left=5)
+    )
+
+
+def _faults_section(run: RunData) -> str:
+    if not run.faults:
+        return ""
+    rows = [
+        [
+            escape(f.name),
+            escape(f.stack or "all"),
+            f"{(f.t_ns - run.t0_ns) / 1e9:.2f}",
+            f"{(f.end_ns - run.t0_ns) / 1e9:.2f}" if f.end_ns else "-",
+            escape(f.source),
+        ]
+        for f in run.faults
+    ]
+    return "<h2>Faults</h2>" + _table(["fault", "stack", "start (s)", "end (s)", "from"], rows, 2)
+
+
+def _telemetry_section(run: RunData) -> str:
+    sources = run.meta.get("telemetry", {}).get("sources", [])
+    if not sources:
+        return ""
+    rows = [
+        [
+            escape(s.get("kind", "?")),
+            "yes" if s.get("available") else "no",
+            escape(s.get("reason", "")),
+        ]
+        for s in sources
+    ]
+    return "<h2>Telemetry sources</h2>" + _table(["source", "available", "reason"], rows, 3)
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (
+        f"<h3>{escape(path.stem)}</h3><img alt='{escape(path.stem)}' "
+        f"src='data:image/png;base64,{data}'>"
+    )
+
+
+def render(run_dir: str | Path) -> Path:
+    """Re-draw the plots and write ``report.html`` for a results directory; returns its path."""
+    run = load_run(run_dir)
+    images = plots.render_all(run)
+    meta = run.meta
+    head = [
+        ("run", run.run_id),
+        ("scale", run.scale),
+        (
+            "engine",
+            (meta.get("engine") or {}).get("name", "?")
+            if isinstance(meta.get("engine"), dict)
+            else meta.get("engine", "?"),
+        ),
+        ("git revision", meta.get("git_revision", "?")),
+        ("machine", meta.get("machine", "?")),
+    ]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>zl-bench "
+        f"{escape(run.run_id)}</title><style>{CSS}</style></head><body>",
+        f"<h1>zl-bench report: {escape(run.run_id)}</h1>",
+    ]
+    if run.incomplete:
+        reasons = "".join(f"<li>{escape(r)}</li>" for r in run.incomplete_reasons)
+        parts.append(
+            f"<div class='banner'>Incomplete run: the figures below cover only what "
+            f"was measured before it stopped.<ul>{reasons}</ul></div>"
+        )
+    parts.append(_table(["", ""], [[k, escape(str(v))] for k, v in head], left=2))
+    parts += [
+        _validity_section(run),
+        _summary_section(run),
+        _claims_section(run),
+        _faults_section(run),
+        _telemetry_section(run),
+        "<h2>Plots</h2>",
+    ]
+    parts += [_image(p) for p in images]
+    parts.append("</body></html>")
+    out = run.path / schema.REPORT
+    out.write_text("\n".join(p for p in parts if p), encoding="utf-8")
+    return out

@@ -1,0 +1,491 @@
+"""Every figure of the report, drawn from a loaded run (matplotlib, Agg, no display needed).
+
+Each function takes a :class:`RunData` and returns a pyplot-free Figure whose title names the
+run's scale and whose axes carry units; ``render_all`` writes them all to ``plots/``. The
+notebook calls the same functions, so a researcher redraws exactly what the report shows.
+Per-request values come from ``bench.metrics.series``: plots and tables share one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from bench import metrics, schema
+from bench.report.data import RunData
+
+STACK_COLORS = {"zerolayer": "#1f77b4", "baseline": "#d62728"}
+OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+MARKERS = ("o", "s", "^", "D", "v")
+NS = 1e9
+
+
+def _figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
+    """A pyplot-free Figure (Agg canvas): no global state, safe in threads and notebooks."""
+    figsize = kwargs.pop("figsize", None)
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def stack_color(run: RunData, stack: str) -> str:
+    if stack in STACK_COLORS:
+        return STACK_COLORS[stack]
+    others = [s for s in run.stacks if s not in STACK_COLORS]
+    return OTHER_COLORS[others.index(stack) % len(OTHER_COLORS)] if stack in others else "k"
+
+
+def _title(fig: Figure, run: RunData, what: str) -> None:
+    stacks = ", ".join(run.stacks) or "no stacks"
+    fig.suptitle(f"{what}\nrun {run.run_id} · scale {run.scale} · stacks: {stacks}", fontsize=11)
+
+
+def _empty(fig: Figure, message: str) -> Figure:
+    fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, wrap=True)
+    return fig
+
+
+def _per_record(recs: list[schema.RequestRecord], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(send time in ns, value in ms) for each record that has the series ``name``."""
+    times, values = [], []
+    for rec in recs:
+        for value in metrics.series([rec])[name]:
+            times.append(rec.intended_start_ns)
+            values.append(value)
+    return np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+
+
+def _itl_points(recs: list[schema.RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk time in ns, gap to the previous chunk in ms) for every pooled ITL sample."""
+    times, values = [], []
+    for rec in recs:
+        gaps = metrics.series([rec])["itl"]
+        times.extend(rec.chunk_ns[1 : 1 + len(gaps)])
+        values.extend(gaps)
+    return np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+
+
+def _log_ms(axis: Any) -> None:
+    """Log scale with plain millisecond tick labels at 1-2-5 steps (no 2x10^0 clutter)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _mark_faults(ax: Axes, run: RunData, label: bool) -> None:
+    for i, fault in enumerate(run.faults):
+        x = (fault.t_ns - run.t0_ns) / NS
+        ax.axvline(x, color="black", linestyle="--", linewidth=1.2)
+        if fault.end_ns:
+            ax.axvspan(x, (fault.end_ns - run.t0_ns) / NS, color="black", alpha=0.08)
+        if label:
+            text = f"fault: {fault.name}" + (f" ({fault.stack})" if fault.stack else "")
+            ax.annotate(
+                text,
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=7,
+                xytext=(-2, -2 - 4 * (i % 2)),
+                textcoords="offset points",
+            )
+
+
+def _shade_phases(ax: Axes, run: RunData, label: bool) -> None:
+    """Light spans for each stack/profile phase, so a time axis shows which load was running."""
+    starts: dict[str, int] = {}
+    for entry in run.phases:
+        if entry.get("kind") != "phase":
+            continue
+        if entry.get("event") == "start":
+            starts[entry["name"]] = entry["t_ns"]
+        elif entry["name"] in starts:
+            x0 = (starts.pop(entry["name"]) - run.t0_ns) / NS
+            x1 = (entry["t_ns"] - run.t0_ns) / NS
+            ax.axvspan(x0, x1, color="0.85", alpha=0.35, linewidth=0)
+            if label:
+                ax.annotate(
+                    entry["name"],
+                    ((x0 + x1) / 2, 0.0),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                    color="0.35",
+                )
+
+
+def latency_cdf(run: RunData) -> Figure:
+    """E2E latency (solid) and TTFT (dashed) CDF per stack, one panel per profile."""
+    profiles = run.profiles
+    fig, axes = _figure(
+        1, max(1, len(profiles)), figsize=(5 * max(1, len(profiles)), 4.2), squeeze=False
+    )
+    _title(fig, run, "Latency CDF per stack (E2EL solid, TTFT dashed)")
+    if not profiles:
+        return _empty(fig, "no request records in this run")
+    for ax, profile in zip(axes[0], profiles, strict=True):
+        for stack in run.stacks:
+            recs = run.records.get((stack, profile))
+            if not recs:
+                continue
+            values = metrics.series(recs)
+            for name, style in (("e2el", "-"), ("ttft", "--")):
+                data = np.sort(np.asarray(values[name]))
+                if data.size == 0:
+                    continue
+                frac = np.arange(1, data.size + 1) / data.size
+                ax.step(
+                    data,
+                    frac,
+                    style,
+                    where="post",
+                    color=stack_color(run, stack),
+                    label=f"{stack} {name.upper()} (n={data.size})",
+                )
+        ax.set_xscale("log")
+        _log_ms(ax.xaxis)
+        ax.set_xlabel("latency (ms, log scale)")
+        ax.set_ylabel("fraction of completed requests")
+        ax.set_title(f"profile {profile}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def latency_variance(run: RunData) -> Figure:
+    """Box plots of E2EL and TTFT per profile and stack, with each group's std deviation."""
+    groups = [(p, s) for p in run.profiles for s in run.stacks if run.records.get((s, p))]
+    fig, axes = _figure(2, 1, figsize=(max(6, 1.6 * len(groups) + 2), 7.5), squeeze=False)
+    _title(fig, run, "Latency variance per profile and stack (box: quartiles, whiskers 1.5 IQR)")
+    if not groups:
+        return _empty(fig, "no request records in this run")
+    for ax, name in zip(axes[:, 0], ("e2el", "ttft"), strict=True):
+        data, labels, colors = [], [], []
+        for profile, stack in groups:
+            values = metrics.series(run.records[(stack, profile)])[name]
+            std = metrics.describe(name, values)[f"std_{name}_ms"]
+            data.append(values or [np.nan])
+            labels.append(f"{profile}\n{stack}\nstd {std:.1f} ms")
+            colors.append(stack_color(run, stack))
+        box = ax.boxplot(data, patch_artist=True, showfliers=True, flierprops={"markersize": 2})
+        for patch, color in zip(box["boxes"], colors, strict=True):
+            patch.set_facecolor(color)
+            patch.set_alpha(0.45)
+        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+        ax.set_yscale("log")
+        _log_ms(ax.yaxis)
+        ax.set_ylabel(f"{name.upper()} (ms, log scale)")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def ttft_itl_timeline(run: RunData) -> Figure:
+    """TTFT per request (at its intended send) and ITL per chunk over run time, with faults."""
+    fig, axes = _figure(2, 1, figsize=(11, 7), sharex=True, squeeze=False)
+    _title(fig, run, "TTFT and ITL over time (dashed lines: faults; grey spans: phases)")
+    if not run.records:
+        return _empty(fig, "no request records in this run")
+    ax_ttft, ax_itl = axes[:, 0]
+    for (stack, profile), recs in sorted(run.records.items()):
+        color = stack_color(run, stack)
+        label = stack if profile == run.profiles[0] else None
+        t, v = _per_record(recs, "ttft")
+        ax_ttft.scatter(
+            (t - run.t0_ns) / NS, v, s=6, color=color, alpha=0.7, label=label, rasterized=True
+        )
+        t, v = _itl_points(recs)
+        ax_itl.scatter(
+            (t - run.t0_ns) / NS, v, s=2, color=color, alpha=0.3, label=label, rasterized=True
+        )
+        errors = [r for r in recs if r.outcome != "completed"]
+        if errors:
+            ax_ttft.scatter(
+                [(r.intended_start_ns - run.t0_ns) / NS for r in errors],
+                [0.0] * len(errors),
+                marker="x",
+                color=color,
+                s=18,
+                label=f"{stack} {profile}: error/lost ({len(errors)})",
+            )
+    for ax, ylabel in ((ax_ttft, "TTFT (ms)"), (ax_itl, "ITL (ms, per chunk)")):
+        _shade_phases(ax, run, label=ax is ax_itl)
+        _mark_faults(ax, run, label=ax is ax_ttft)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", markerscale=2)
+    ax_itl.set_xlabel("time since run start (s)")
+    fig.tight_layout()
+    return fig
+
+
+def _telemetry(run: RunData, source: str) -> list[dict[str, Any]]:
+    return [r for r in run.telemetry if r.get("source") == source and not r.get("error")]
+
+
+def gpu_fragmentation(run: RunData) -> Figure:
+    """GPU utilisation (NVML, else the sim engine's busy share) and KV/allocator fragmentation."""
+    fig, axes = _figure(2, 1, figsize=(11, 7), sharex=True, squeeze=False)
+    _title(fig, run, "GPU utilisation and memory fragmentation over time")
+    ax_util, ax_frag = axes[:, 0]
+    nvml = [r for r in _telemetry(run, "nvml") if r.get("gpu_util_pct") is not None]
+    engine = _telemetry(run, "engine")
+    if not nvml and not engine:
+        return _empty(fig, "no GPU or engine telemetry in this run")
+    if nvml:
+        for gpu in sorted({r["name"] for r in nvml}):
+            rows = [r for r in nvml if r["name"] == gpu]
+            ax_util.plot(
+                [(r["t_ns"] - run.t0_ns) / NS for r in rows],
+                [r["gpu_util_pct"] for r in rows],
+                label=f"{gpu} (NVML)",
+            )
+        ax_util.set_ylabel("GPU utilisation (%, NVML samples)")
+    else:
+        ax_util.set_ylabel("engine busy (% of wall time)\nsim engine: no NVML GPU")
+    series_styles = (
+        ("kv_usage", "-", "KV occupancy"),
+        ("kv_waste", "--", "KV waste"),
+        ("alloc_split_ratio", ":", "allocator split ratio"),
+    )
+    for stack in run.stacks or sorted({r.get("stack", "") for r in engine}):
+        color = stack_color(run, stack)
+        for replica in sorted({r["name"] for r in engine if r.get("stack") == stack}):
+            rows = [r for r in engine if r.get("stack") == stack and r["name"] == replica]
+            t = np.asarray([(r["t_ns"] - run.t0_ns) / NS for r in rows])
+            if not nvml:
+                busy = [(r["t_ns"], r["engine_busy"]) for r in rows if "engine_busy" in r]
+                if busy:
+                    ax_util.plot(
+                        [(b[0] - run.t0_ns) / NS for b in busy],
+                        [100 * b[1] for b in busy],
+                        color=color,
+                        linewidth=1,
+                        label=f"{stack}/{replica}",
+                    )
+            for key, style, label in series_styles:
+                vals = [100 * r[key] if key in r else np.nan for r in rows]
+                if not np.all(np.isnan(vals)):
+                    ax_frag.plot(
+                        t, vals, style, color=color, linewidth=1, label=f"{stack}/{replica} {label}"
+                    )
+    ax_frag.set_ylabel("% (occupancy: of KV blocks;\nwaste: of allocated KV slots)")
+    ax_frag.set_xlabel("time since run start (s)")
+    for ax in (ax_util, ax_frag):
+        _shade_phases(ax, run, label=ax is ax_frag)
+        _mark_faults(ax, run, label=ax is ax_util)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_vs_load(run: RunData) -> Figure:
+    """Achieved request throughput against the offered load, per stack and profile."""
+    fig, ax = _figure(figsize=(7.5, 5.5))
+    _title(fig, run, "Throughput against offered load")
+    points = []
+    for entry in run.summaries:
+        offered = run.offered_rate(entry["profile"])
+        if offered is not None:
+            points.append((entry, offered))
+    if not points:
+        return _empty(fig, "no offered load recorded in run.json for any profile")
+    top = 0.0
+    for entry, offered in points:
+        got = entry.get("request_throughput", 0.0)
+        top = max(top, offered, got)
+        rank = run.stacks.index(entry["stack"]) if entry["stack"] in run.stacks else 0
+        ax.scatter(
+            [offered],
+            [got],
+            s=140 / (1 + rank),
+            marker=MARKERS[rank % len(MARKERS)],
+            color=stack_color(run, entry["stack"]),
+            label=entry["stack"],
+            edgecolors="black",
+            linewidths=0.5,
+            zorder=3 + rank,
+        )
+        ax.annotate(
+            entry["profile"], (offered, got), textcoords="offset points", xytext=(6, 4), fontsize=8
+        )
+    for profile in run.profiles:
+        cap = run.capacity(profile)
+        if cap is not None:
+            ax.axhline(cap, color="0.5", linestyle=":", linewidth=1)
+            ax.annotate(
+                f"{profile} capacity (model)",
+                (0, cap),
+                fontsize=7,
+                color="0.4",
+                xycoords=("axes fraction", "data"),
+                va="bottom",
+            )
+    ax.plot([0, top * 1.1], [0, top * 1.1], color="0.6", linestyle="--", label="served = offered")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    ax.set_xlabel("offered load (requests/s)")
+    ax.set_ylabel("completed requests/s")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def time_breakdown(run: RunData) -> dict[tuple[str, str], tuple[str, dict[str, float]]]:
+    """Mean per-request time split, per (stack, profile), and what the split is based on.
+
+    With engine-side accounting (``engine_ns``) on most completed requests: engine time against
+    layer time (E2EL - engine). Without it: client queue, TTFT and generation time, which does
+    not separate the layer from the engine and says so.
+    """
+    out = {}
+    for (stack, profile), recs in run.records.items():
+        done = [r for r in recs if r.outcome == "completed"]
+        if not done:
+            continue
+        values = metrics.series(done)
+        accounted = [r for r in done if r.engine_ns]
+        if len(accounted) >= 0.9 * len(done):
+            engine_ms = [r.engine_ns / 1e6 for r in accounted]
+            e2el = [metrics.series([r])["e2el"][0] for r in accounted]
+            layer = [e - g for e, g in zip(e2el, engine_ms, strict=True)]
+            out[(stack, profile)] = (
+                "engine-side accounting",
+                {"engine": float(np.mean(engine_ms)), "layer": float(np.mean(layer))},
+            )
+        else:
+            queue = metrics.describe("client_queue", values["client_queue"])
+            ttft = metrics.describe("ttft", values["ttft"])
+            e2el = metrics.describe("e2el", values["e2el"])
+            out[(stack, profile)] = (
+                "TTFT decomposition",
+                {
+                    "client queue": queue["mean_client_queue_ms"],
+                    "TTFT (layer + engine prefill)": ttft["mean_ttft_ms"],
+                    "generation after first token": e2el["mean_e2el_ms"] - ttft["mean_ttft_ms"],
+                },
+            )
+    return out
+
+
+def where_time_goes(run: RunData) -> Figure:
+    """Mean request time split into engine and layer (or TTFT parts), per stack and profile."""
+    split = time_breakdown(run)
+    fig, ax = _figure(figsize=(10, max(3.5, 0.6 * len(split) + 2)))
+    bases = sorted({basis for basis, _ in split.values()})
+    _title(
+        fig,
+        run,
+        f"Where the time goes (mean per completed request; based on: "
+        f"{' and '.join(bases) or 'nothing'})",
+    )
+    if not split:
+        return _empty(fig, "no completed requests in this run")
+    palette = {
+        "engine": "#4c72b0",
+        "layer": "#dd8452",
+        "client queue": "#8c8c8c",
+        "TTFT (layer + engine prefill)": "#c44e52",
+        "generation after first token": "#55a868",
+    }
+    keys = [(s, p) for p in run.profiles for s in run.stacks if (s, p) in split]
+    seen: set[str] = set()
+    for y, key in enumerate(keys):
+        parts = split[key][1]
+        left = 0.0
+        for part, value in parts.items():
+            width = max(value, 0.0)
+            ax.barh(
+                y,
+                width,
+                left=left,
+                color=palette[part],
+                label=None if part in seen else part,
+                edgecolor="white",
+            )
+            if width > 0.06 * sum(max(v, 0) for v in parts.values()):
+                ax.text(
+                    left + width / 2,
+                    y,
+                    f"{value:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white",
+                )
+            seen.add(part)
+            left += width
+    ax.set_yticks(
+        range(len(keys)), [f"{s} · {p}\n({split[(s, p)][0]})" for s, p in keys], fontsize=7
+    )
+    ax.invert_yaxis()
+    ax.set_xlabel("mean time per completed request (ms)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def cpu_by_component(run: RunData) -> Figure:
+    """CPU (% of one core) per component over time, so the layer's own CPU share is visible."""
+    fig, axes = _figure(2, 1, figsize=(11, 6.5), sharex=True, squeeze=False)
+    _title(fig, run, "CPU and memory per component (psutil)")
+    rows = [r for r in _telemetry(run, "process") if r.get("alive")]
+    if not rows:
+        return _empty(fig, "no process telemetry in this run")
+    ax_cpu, ax_rss = axes[:, 0]
+    for name in sorted({r["name"] for r in rows}):
+        mine = [r for r in rows if r["name"] == name]
+        label = f"{name} ({mine[0].get('role', '?')}" + (
+            f", {mine[0]['stack']})" if mine[0].get("stack") else ")"
+        )
+        t = [(r["t_ns"] - run.t0_ns) / NS for r in mine]
+        ax_cpu.plot(t, [r.get("cpu_pct", np.nan) for r in mine], linewidth=1, label=label)
+        ax_rss.plot(t, [r["rss_bytes"] / 2**20 for r in mine], linewidth=1, label=label)
+    ax_cpu.set_ylabel("CPU (% of one core)")
+    ax_rss.set_ylabel("RSS (MiB)")
+    ax_rss.set_xlabel("time since run start (s)")
+    for ax in (ax_cpu, ax_rss):
+        _shade_phases(ax, run, label=ax is ax_rss)
+        _mark_faults(ax, run, label=ax is ax_cpu)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+PLOTS: dict[str, Callable[[RunData], Figure]] = {
+    "latency_cdf": latency_cdf,
+    "latency_variance": latency_variance,
+    "ttft_itl_timeline": ttft_itl_timeline,
+    "gpu_fragmentation": gpu_fragmentation,
+    "throughput_vs_load": throughput_vs_load,
+    "where_time_goes": where_time_goes,
+    "cpu_by_component": cpu_by_component,
+}
+
+
+def render_all(run: RunData, out_dir: str | Path | None = None, dpi: int = 110) -> list[Path]:
+    """Draw every plot into ``out_dir`` (default ``<run>/plots``) and return the PNG paths."""
+    out = Path(out_dir) if out_dir is not None else run.path / schema.PLOTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, draw in PLOTS.items():
+        fig = draw(run)
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=dpi)
+        paths.append(path)
+    return paths

@@ -1,0 +1,23 @@
+"""Telemetry: one sampler, pluggable sources (NVML, engine stats, per-process CPU/RSS), JSONL out.
+
+Every sample lands in ``telemetry.jsonl`` on an absolute schedule with the run phase it fell in,
+so the report can line samples up with requests and faults without guessing.
+"""
+
+from bench.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
+from bench.telemetry.nvml import NvmlSource
+from bench.telemetry.process import Component, ProcessSource
+from bench.telemetry.sampler import Availability, PhaseLog, Sampler, Source
+
+__all__ = [
+    "Availability",
+    "Component",
+    "EngineSource",
+    "EngineTarget",
+    "NvmlSource",
+    "PhaseLog",
+    "ProcessSource",
+    "Sampler",
+    "Source",
+    "parse_prometheus",
+]

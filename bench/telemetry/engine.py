@@ -1,0 +1,190 @@
+"""Engine source: load, KV occupancy, KV waste and allocator fragmentation per replica.
+
+A replica is read either in-process (``Engine.stats()``) or over HTTP from its ``/metrics``
+(Prometheus text, vLLM's metric names) or ``/health`` (JSON). In-process is exact; the HTTP forms
+are what a run against separate replica processes, or a stack started elsewhere, can reach.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.telemetry.sampler import Availability
+from zerolayer.engine.types import Engine, EngineStats
+
+# Prometheus names a replica exports -> row keys. vLLM's names first (kv_cache_usage_perc is a
+# fraction in vLLM despite its name); the zl_ ones carry what vLLM has no name for.
+PROMETHEUS_KEYS: dict[str, str] = {
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_preemptions_total": "preemptions",
+    "zl_kv_waste_ratio": "kv_waste",
+    "zl_kv_live_tokens": "live_tokens",
+    "zl_kv_blocks_used": "kv_blocks_used",
+    "zl_kv_blocks_total": "kv_blocks_total",
+    "zl_engine_busy_seconds_total": "busy_time_s",
+    "zl_allocator_inactive_split_bytes": "alloc_inactive_split_bytes",
+    "zl_allocator_reserved_bytes": "alloc_reserved_bytes",
+}
+HEALTH_KEYS: dict[str, str] = {
+    "kv_usage": "kv_usage",
+    "kv_waste": "kv_waste",
+    "running": "running",
+    "waiting": "waiting",
+    "queue_depth": "waiting",
+    "preemptions": "preemptions",
+}
+_ALLOCATOR_KEYS = {
+    "alloc_inactive_split_bytes": ("inactive_split_bytes", "inactive_split_bytes.all.current"),
+    "alloc_reserved_bytes": ("reserved_bytes", "reserved_bytes.all.current"),
+}
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {metric name: value}, summing a name's labelled series."""
+    out: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            rest = rest.rpartition("}")[2]
+        else:
+            name, _, rest = line.partition(" ")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        out[name.strip()] = out.get(name.strip(), 0.0) + value
+    return out
+
+
+def stats_row(stats: EngineStats) -> dict[str, Any]:
+    """An EngineStats snapshot as a telemetry row (KV figures as fractions, allocator in bytes)."""
+    row: dict[str, Any] = {
+        "running": stats.running,
+        "waiting": stats.waiting,
+        "kv_usage": stats.kv_usage,
+        "kv_waste": stats.kv_waste,
+        "kv_blocks_used": stats.kv_blocks_used,
+        "kv_blocks_total": stats.kv_blocks_total,
+        "live_tokens": stats.live_tokens,
+        "preemptions": stats.preemptions,
+        "busy_time_s": stats.busy_time_s,
+    }
+    for key, names in _ALLOCATOR_KEYS.items():
+        for name in names:
+            if name in stats.allocator:
+                row[key] = float(stats.allocator[name])
+                break
+    return row
+
+
+def _http_get(url: str, timeout_s: float) -> bytes:
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    conn_cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", parts.path or "/")
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise OSError(f"GET {url} answered {resp.status}")
+        return body
+    finally:
+        conn.close()
+
+
+@dataclass
+class EngineTarget:
+    """One replica to read: its name, the stack it belongs to, and how to read it."""
+
+    name: str
+    stack: str
+    read: Callable[[], dict[str, Any]]
+    how: str = "in-process"
+
+    @classmethod
+    def in_process(cls, name: str, stack: str, engine: Engine) -> EngineTarget:
+        return cls(name, stack, lambda: stats_row(engine.stats()), "in-process")
+
+    @classmethod
+    def metrics(cls, name: str, stack: str, url: str, timeout_s: float = 1.0) -> EngineTarget:
+        """Scrape a Prometheus ``/metrics`` URL."""
+
+        def read() -> dict[str, Any]:
+            values = parse_prometheus(_http_get(url, timeout_s).decode())
+            return {key: values[prom] for prom, key in PROMETHEUS_KEYS.items() if prom in values}
+
+        return cls(name, stack, read, url)
+
+    @classmethod
+    def health(cls, name: str, stack: str, url: str, timeout_s: float = 1.0) -> EngineTarget:
+        """Read a JSON ``/health`` URL (fewer figures than /metrics, but every replica has it)."""
+
+        def read() -> dict[str, Any]:
+            body = json.loads(_http_get(url, timeout_s))
+            return {key: body[name] for name, key in HEALTH_KEYS.items() if name in body}
+
+        return cls(name, stack, read, url)
+
+
+@dataclass
+class EngineSource:
+    """Rows per replica with KV occupancy, KV waste, the allocator's split ratio and busy share.
+
+    ``engine_busy`` (the fraction of wall time the engine was stepping since the last sample) is
+    the sim engine's stand-in for GPU utilisation when NVML has nothing to say.
+    """
+
+    targets: list[EngineTarget] = field(default_factory=list)
+    kind: str = "engine"
+    _last_busy: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def add(self, target: EngineTarget) -> None:
+        """Register a replica started after sampling began."""
+        self.targets = [*self.targets, target]
+
+    def open(self) -> Availability:
+        return Availability(True)
+
+    def read(self) -> list[dict[str, Any]]:
+        rows = []
+        for target in list(self.targets):
+            base = {"name": target.name, "stack": target.stack}
+            try:
+                row = target.read()
+            except (OSError, ValueError) as exc:
+                rows.append({**base, "up": 0, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            now = time.monotonic_ns()
+            if "busy_time_s" in row:
+                last = self._last_busy.get(id(target))
+                # a counter that went backwards is a restarted engine: start a new baseline
+                if last is not None and now > last[0] and row["busy_time_s"] >= last[1]:
+                    row["engine_busy"] = (row["busy_time_s"] - last[1]) / ((now - last[0]) / 1e9)
+                self._last_busy[id(target)] = (now, row["busy_time_s"])
+            inactive = row.get("alloc_inactive_split_bytes")
+            reserved = row.get("alloc_reserved_bytes")
+            if inactive is not None and reserved:
+                row["alloc_split_ratio"] = inactive / reserved
+            rows.append({**base, "up": 1, **row})
+        return rows
+
+    def describe(self) -> dict[str, Any]:
+        return {"targets": [{"name": t.name, "stack": t.stack, "how": t.how} for t in self.targets]}
+
+    def close(self) -> None:
+        self._last_busy.clear()

@@ -1,0 +1,69 @@
+"""Health hysteresis and the /health verdict, without sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerolayer.client.health import Hysteresis, healthy
+
+
+def test_starts_up_and_needs_k_bad_in_a_row_to_go_down() -> None:
+    h = Hysteresis(down_after=3, up_after=2)
+    assert h.up
+    assert not h.observe(False)
+    assert not h.observe(False)
+    assert h.up
+    assert h.observe(False)
+    assert not h.up
+
+
+def test_a_good_verdict_resets_the_bad_run() -> None:
+    h = Hysteresis(down_after=2, up_after=2)
+    for verdict in (False, True, False, True, False):
+        h.observe(verdict)
+        assert h.up
+
+
+def test_needs_m_good_in_a_row_to_come_back() -> None:
+    h = Hysteresis(down_after=1, up_after=3)
+    h.observe(False)
+    assert not h.up
+    h.observe(True)
+    h.observe(True)
+    h.observe(False)
+    h.observe(True)
+    h.observe(True)
+    assert not h.up
+    assert h.observe(True)
+    assert h.up
+
+
+def test_force_down_is_immediate_and_recovery_still_needs_m_good() -> None:
+    h = Hysteresis(down_after=5, up_after=2)
+    assert h.force_down()
+    assert not h.up
+    assert not h.force_down()
+    h.observe(True)
+    assert not h.up
+    h.observe(True)
+    assert h.up
+
+
+def test_rejects_zero_thresholds() -> None:
+    with pytest.raises(ValueError):
+        Hysteresis(down_after=0)
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "ok"),
+    [
+        (200, {"score": 0.9, "draining": False}, True),
+        (200, {"score": 0.0}, False),
+        (200, {"score": 1.0, "draining": True}, False),
+        (503, {"score": 1.0}, False),
+        (200, None, False),
+        (200, {"score": "high"}, False),
+    ],
+)
+def test_health_verdict(status: int, payload: dict | None, ok: bool) -> None:
+    assert healthy(status, payload) is ok

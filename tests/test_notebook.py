@@ -1,0 +1,38 @@
+"""notebooks/reproduce.ipynb runs top to bottom against a real results directory (nbclient)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from simrun import Spec, make_run
+
+from bench.report.plots import PLOTS
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "reproduce.ipynb"
+
+
+def test_notebook_redraws_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = make_run(tmp_path / "run", profiles={"a_latency": Spec(count=12, rate=40.0)})
+    monkeypatch.setenv("ZL_RESULTS", str(run_dir))
+    monkeypatch.setenv("ZL_NOTEBOOK_OUT", str(tmp_path / "redrawn"))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    )
+    client.execute()
+    images = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
+    assert len(images) == len(PLOTS)
+    assert sorted(p.stem for p in (tmp_path / "redrawn").glob("*.png")) == sorted(PLOTS)
+    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    assert f"run {run_dir.name}: scale test" in text
+    assert "layer adds 80-150 ms" in text and "zerolayer  a_latency" in text

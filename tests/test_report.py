@@ -1,0 +1,131 @@
+"""The report on real results: every plot drawn from the data, claims, and incomplete runs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from simrun import make_run
+
+from bench import metrics, schema
+from bench.cli import main as cli_main
+from bench.report import claims, html, load_run, plots
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "complete")
+
+
+def test_report_embeds_every_plot_and_a_row_per_stack_and_profile(run_dir: Path) -> None:
+    assert cli_main(["report", str(run_dir)]) == 0
+    page = (run_dir / schema.REPORT).read_text()
+    for name in plots.PLOTS:
+        png = run_dir / schema.PLOTS_DIR / f"{name}.png"
+        assert png.stat().st_size > 10_000, f"{name} is drawn"
+        assert f"alt='{name}'" in page
+    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+    run = load_run(run_dir)
+    assert not run.incomplete and "Incomplete run" not in page
+    for stack in ("zerolayer", "baseline"):
+        for profile in ("a_latency", "d_fault"):
+            assert f"<td class='l'>{stack}</td><td class='l'>{profile}</td>" in page
+            entry = run.summary(stack, profile)
+            assert entry is not None and f"{entry['median_e2el_ms']:.2f}" in page
+
+
+def test_latency_cdf_is_the_metrics_distribution(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    fig = plots.latency_cdf(run)
+    ax = fig.axes[run.profiles.index("a_latency")]
+    line = next(ln for ln in ax.get_lines() if ln.get_label().startswith("baseline E2EL"))
+    expected = np.sort(metrics.series(run.records[("baseline", "a_latency")])["e2el"])
+    assert np.allclose(line.get_xdata(), expected)
+    assert line.get_ydata()[-1] == 1.0
+    assert "ms" in ax.get_xlabel() and "scale test" in fig.texts[0].get_text()
+
+
+def test_timeline_marks_every_fault_on_both_panels(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    assert {f.stack for f in run.faults} == {"zerolayer", "baseline"}
+    fig = plots.ttft_itl_timeline(run)
+    for ax in fig.axes:
+        dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        xs = sorted(ln.get_xdata()[0] for ln in dashed)
+        assert xs == pytest.approx(sorted((f.t_ns - run.t0_ns) / 1e9 for f in run.faults))
+
+
+def test_fragmentation_plot_draws_kv_series_from_telemetry(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    fig = plots.gpu_fragmentation(run)
+    labels = {ln.get_label() for ln in fig.axes[1].get_lines()}
+    assert {"zerolayer/engine0 KV occupancy", "baseline/engine0 KV waste"} <= labels
+    peak = max(
+        r["kv_usage"] for r in run.telemetry if r.get("stack") == "zerolayer" and "kv_usage" in r
+    )
+    line = next(
+        ln for ln in fig.axes[1].get_lines() if ln.get_label() == "zerolayer/engine0 KV occupancy"
+    )
+    assert np.nanmax(line.get_ydata()) == pytest.approx(100 * peak) and peak > 0
+    assert "no NVML" in fig.axes[0].get_ylabel(), "the sim fallback says what it shows"
+
+
+def test_where_time_goes_uses_engine_accounting_then_falls_back(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    split = plots.time_breakdown(load_run(run_dir))
+    basis, zl = split[("zerolayer", "a_latency")]
+    _, base = split[("baseline", "a_latency")]
+    assert basis == "engine-side accounting"
+    assert base["layer"] > zl["layer"] >= 0, "the gated stack queues in its layer"
+    copy = tmp_path / "no-engine-accounting"
+    shutil.copytree(run_dir, copy)
+    for path in copy.glob("requests-*.jsonl"):
+        recs = schema.read_requests(path)
+        path.write_bytes(
+            b"".join(
+                orjson.dumps({**orjson.loads(r.to_json()), "engine_ns": 0}) + b"\n" for r in recs
+            )
+        )
+    run = load_run(copy)
+    basis, parts = plots.time_breakdown(run)[("zerolayer", "a_latency")]
+    assert basis == "TTFT decomposition"
+    entry = run.summary("zerolayer", "a_latency")
+    assert entry is not None
+    total = parts["TTFT (layer + engine prefill)"] + parts["generation after first token"]
+    assert total == pytest.approx(entry["mean_e2el_ms"])
+    assert "TTFT decomposition" in plots.where_time_goes(run).texts[0].get_text()
+
+
+def test_claims_state_measured_figures_or_not_measured(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    results = {c.key: c for c in claims.evaluate(run)}
+    assert len(results) == len(claims.CLAIMS)
+    zl, base = run.summary("zerolayer", "a_latency"), run.summary("baseline", "a_latency")
+    assert zl is not None and base is not None
+    overhead = results["layer_overhead"]
+    assert f"{base['median_e2el_ms'] - zl['median_e2el_ms']:+.1f} ms" in overhead.measured
+    assert overhead.status == claims.NOT_HELD, "a sim run has no 80 ms layer"
+    fault = results["fault_errors"]
+    zl_d = run.summary("zerolayer", "d_fault")
+    assert zl_d is not None and f"failed+lost {zl_d['errors'] + zl_d['lost']} of" in fault.measured
+    assert results["refusal_speed"].status == claims.NOT_MEASURED, "no chaos table in this run"
+    assert results["layer_cpu"].status == claims.NOT_MEASURED, "no baseline processes watched"
+    assert results["fragmentation"].status in (claims.HELD, claims.NOT_HELD)
+    assert "%" in results["fragmentation"].measured
+
+
+def test_an_interrupted_run_renders_marked_incomplete(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "cut", complete=False)
+    with open(run_dir / schema.requests_file("baseline", "d_fault"), "ab") as fh:
+        fh.write(b'{"request_id": "baseline-d_fault-99", "stack": "base')
+    out = html.render(run_dir)
+    page = out.read_text()
+    assert "Incomplete run" in page and "interrupted" in page
+    run = load_run(run_dir)
+    assert all(entry.get("recomputed") for entry in run.summaries)
+    assert len(run.records[("baseline", "d_fault")]) == 24, "the torn line is skipped"
+    assert page.count("data:image/png;base64,") == len(plots.PLOTS)

@@ -1,0 +1,244 @@
+"""The vLLM adapter's mapping, against a stand-in for vLLM's AsyncLLM; the real one where installed.
+
+vLLM cannot be installed on the machines this suite's CI runs on, so ``FakeAsyncLLMForTests``
+stands in for the external system: it mimics the parts of ``vllm.v1.engine.async_llm.AsyncLLM``
+the adapter uses (``generate`` yielding DELTA ``RequestOutput``s, ``abort``, ``shutdown``, stat
+loggers called with ``SchedulerStats``). It is not one of our components.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from zerolayer.engine import EngineError, EngineRequest, make_engine
+from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
+from zerolayer.engine.vllm_engine import VllmApi, VllmEngine, VllmEngineConfig, map_error
+
+DELTA = "DELTA"
+
+
+class FakeAsyncLLMForTests:
+    """A stand-in for vLLM's AsyncLLM: one token per 1 ms step, stats to the stat loggers."""
+
+    def __init__(self, config: VllmEngineConfig, stat_loggers: list[Any]) -> None:
+        self.config = config
+        self.loggers = [factory(None, 0) for factory in stat_loggers]
+        self.model_config = SimpleNamespace(get_vocab_size=lambda: 1000)
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=500))
+        self.params: list[Any] = []
+        self.prompts: list[Any] = []
+        self.active: set[str] = set()
+        self.aborted: list[str] = []
+        self.shut_down = False
+
+    def _report(self) -> None:
+        stats = SimpleNamespace(
+            num_running_reqs=len(self.active),
+            num_waiting_reqs=0,
+            kv_cache_usage=len(self.active) / 10,
+        )
+        for logger in self.loggers:
+            logger.record(
+                scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=0)
+            )
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str):
+        self.prompts.append(prompt)
+        self.params.append(sampling_params)
+        self.active.add(request_id)
+        assert sampling_params["output_kind"] == DELTA
+        try:
+            for i in range(sampling_params["max_tokens"]):
+                await asyncio.sleep(0.001)
+                if request_id not in self.active:
+                    return
+                self._report()
+                finished = i == sampling_params["max_tokens"] - 1
+                token = (sampling_params["seed"] * 31 + i) % 1000
+                yield SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            token_ids=[token],
+                            text=f" t{token}",
+                            finish_reason="length" if finished else None,
+                        )
+                    ],
+                    finished=finished,
+                    prompt_token_ids=prompt["prompt_token_ids"],
+                )
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+        finally:
+            self.active.discard(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.active.discard(request_id)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def fake_engine(**options: Any) -> VllmEngine:
+    api = VllmApi(FakeAsyncLLMForTests, dict, dict, DELTA, None)
+    return VllmEngine(VllmEngineConfig(model="/models/none", **options), api=api)
+
+
+async def collect(engine: VllmEngine, request: EngineRequest) -> list:
+    return [chunk async for chunk in engine.generate(request)]
+
+
+def test_requests_map_to_delta_sampling_params_and_chunks() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        llm = engine.llm
+        reqs = [
+            EngineRequest(f"r{i}", 7 + i, 4 + i, seed=i, prompt="x" * (20 + i)) for i in range(5)
+        ]
+        results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+        for req, chunks in zip(reqs, results, strict=True):
+            assert sum(len(c.token_ids) for c in chunks) == req.max_tokens
+            assert [c.finish_reason for c in chunks] == [None] * (req.max_tokens - 1) + ["length"]
+            assert chunks[-1].completion_tokens == req.max_tokens
+            assert all(c.prompt_tokens == req.prompt_tokens for c in chunks)
+            assert chunks[0].text == f" t{chunks[0].token_ids[0]}"
+        assert sorted(p["seed"] for p in llm.params) == list(range(5))
+        assert all(p["ignore_eos"] and p["output_kind"] == DELTA for p in llm.params)
+        assert sorted(len(p["prompt_token_ids"]) for p in llm.prompts) == [7, 8, 9, 10, 11]
+        assert all(max(p["prompt_token_ids"]) < 1000 for p in llm.prompts), "model vocab"
+        assert llm.loggers and engine.signal.records > 0
+        await engine.close()
+        assert llm.shut_down
+
+    asyncio.run(main())
+
+
+def test_abort_ends_the_stream_and_tells_vllm() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        stream = engine.generate(EngineRequest("a", 5, 1000))
+        first = await anext(stream)
+        assert engine.stats().running == 1
+        engine.abort("a")
+        rest = [c async for c in stream]
+        assert rest[-1].finish_reason == "abort"
+        assert rest[-1].completion_tokens == first.completion_tokens + sum(
+            len(c.token_ids) for c in rest
+        )
+        await asyncio.sleep(0)
+        assert "a" in engine.llm.aborted and not engine.llm.active
+        engine.abort("unknown")
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_stats_come_from_the_stat_logger() -> None:
+    async def main() -> None:
+        engine = fake_engine(max_num_seqs=64)
+        streams = [engine.generate(EngineRequest(f"s{i}", 5, 100)) for i in range(4)]
+        for s in streams:
+            await anext(s)
+        stats = engine.stats()
+        assert stats.running == 4 and stats.kv_blocks_total == 500
+        assert stats.kv_usage == pytest.approx(0.4)
+        assert stats.max_num_seqs == 64
+        for s in streams:
+            await s.aclose()
+        assert not engine.llm.active, "closing a stream aborts it in vLLM"
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_close_fails_open_streams_and_errors_map_to_codes() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        stream = engine.generate(EngineRequest("c", 5, 1000))
+        await anext(stream)
+        pending = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        await engine.close()
+        with pytest.raises(EngineError) as down:
+            await pending
+        assert down.value.code == "engine_down"
+        with pytest.raises(EngineError):
+            await anext(engine.generate(EngineRequest("d", 5, 5)))
+
+    asyncio.run(main())
+    assert map_error(ValueError("prompt is longer than max_model_len")).code == "prompt_too_long"
+    assert map_error(ValueError("bad")).code == "bad_request"
+    assert map_error(type("EngineDeadError", (Exception,), {})()).code == "engine_down"
+    assert VllmEngineConfig(model="m", max_model_len=None).engine_args()["model"] == "m"
+    with pytest.raises(ValueError):
+        VllmEngineConfig().engine_args()
+
+
+def test_skip_tokenizer_init_uses_the_suite_vocabulary() -> None:
+    async def main() -> list:
+        engine = fake_engine(skip_tokenizer_init=True)
+        chunks = await collect(engine, EngineRequest("t", 5, 3, seed=2))
+        await engine.close()
+        return chunks
+
+    chunks = asyncio.run(main())
+    ids = [i for c in chunks for i in c.token_ids]
+    assert "".join(c.text for c in chunks) == detokenize([i % VOCAB_SIZE for i in ids])
+
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (GPU machines only)")
+def test_real_vllm_streams_exact_token_counts(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a GPU")
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    async def main() -> None:
+        engine = make_engine(
+            "vllm",
+            model=str(tmp_path),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            max_model_len=1024,
+            gpu_memory_utilization=0.3,
+            enforce_eager=True,
+        )
+        try:
+            reqs = [EngineRequest(f"v{i}", 16, 8 + i, seed=i) for i in range(4)]
+            results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+            for req, chunks in zip(reqs, results, strict=True):
+                assert sum(len(c.token_ids) for c in chunks) == req.max_tokens
+                assert chunks[-1].finish_reason == "length"
+            assert engine.signal.records > 0
+        finally:
+            await engine.close()
+
+    asyncio.run(main())

@@ -1,0 +1,22 @@
+"""The zero-layer client SDK: routing, HTTP/2 to replicas, and the same API over HTTP/1.1."""
+
+from zerolayer.client.health import Hysteresis, healthy
+from zerolayer.client.http1 import Http1Client
+from zerolayer.client.ring import HashRing
+from zerolayer.client.sdk import Completion, ZeroLayerClient
+from zerolayer.client.stream import Stream
+from zerolayer.client.timing import Timing
+from zerolayer.client.wire import Chunk, ZeroLayerError
+
+__all__ = [
+    "Chunk",
+    "Completion",
+    "HashRing",
+    "Http1Client",
+    "Hysteresis",
+    "Stream",
+    "Timing",
+    "ZeroLayerClient",
+    "ZeroLayerError",
+    "healthy",
+]

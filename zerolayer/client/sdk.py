@@ -1,0 +1,290 @@
+"""The zero-layer routing client: sessions hashed onto replicas, one HTTP/2 connection each.
+
+No proxy between caller and engine: this SDK does the routing a middle layer would. It walks the
+consistent-hash ring from the session's owner, skipping replicas its background ``/health`` poll
+(with hysteresis) or a lost connection marked down; a retryable refusal or a connection lost
+before the first token moves the request to the next replica, up to ``max_retries``; after the
+first token nothing is retried and the caller gets the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import ssl
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import orjson
+
+from zerolayer import contract
+from zerolayer.client.h2conn import H2Connection
+from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, Hysteresis, healthy
+from zerolayer.client.ring import DEFAULT_VNODES, HashRing
+from zerolayer.client.stream import Response, Stream
+from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
+from zerolayer.client.wire import Prepared, ZeroLayerError, prepare
+
+_now = time.time_ns
+_MARK_DOWN = frozenset({contract.DRAINING.code, contract.ENGINE_DOWN.code})
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole non-streamed answer, with the same timing record a stream gives."""
+
+    text: str
+    tokens: int
+    timing: Timing
+
+
+def split_url(url: str) -> tuple[str, int, bool]:
+    """(host, port, tls) of an ``http://`` or ``https://`` replica URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"replica URL must be http:// or https://host:port, got {url!r}")
+    tls = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if tls else 80), tls
+
+
+class Replica:
+    """One replica as the client sees it: its health state and its (lazy) connection."""
+
+    __slots__ = ("_connecting", "conn", "health", "host", "last_health", "port", "tls", "url")
+
+    def __init__(self, url: str, down_after: int, up_after: int) -> None:
+        self.url = url
+        self.host, self.port, self.tls = split_url(url)
+        self.health = Hysteresis(down_after, up_after)
+        self.conn: H2Connection | None = None
+        self.last_health: dict[str, object] | None = None
+        self._connecting: asyncio.Task[H2Connection] | None = None
+
+    async def connection(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
+        """The live connection, opening one (shared by concurrent callers) when there is none."""
+        conn = self.conn
+        if conn is not None and conn.usable:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect(tls, timeout))
+        task = self._connecting
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done() and self._connecting is task:
+                self._connecting = None
+
+    async def _connect(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
+        conn = await asyncio.wait_for(
+            H2Connection.connect(
+                self.host, self.port, tls=tls if self.tls else None, on_lost=self.health.force_down
+            ),
+            timeout,
+        )
+        self.conn = conn
+        return conn
+
+
+def default_tls() -> ssl.SSLContext:
+    """A client TLS context offering ALPN ``h2``; trusts the system CA store."""
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+class ZeroLayerClient:
+    """Route and stream completions straight to engine replicas (see the module docstring).
+
+    Use as ``async with ZeroLayerClient(urls) as client:``; ``stream`` and ``complete`` are
+    safe to call from many tasks at once, and all of a replica's requests share one connection.
+    """
+
+    def __init__(
+        self,
+        replica_urls: Iterable[str],
+        *,
+        vnodes: int = DEFAULT_VNODES,
+        health_interval_s: float = 1.0,
+        health_timeout_s: float = 1.0,
+        down_after: int = DEFAULT_DOWN_AFTER,
+        up_after: int = DEFAULT_UP_AFTER,
+        max_retries: int = 2,
+        grace_ms: int = 2000,
+        connect_timeout_s: float = 2.0,
+        tls: ssl.SSLContext | None = None,
+        model: str | None = None,
+    ) -> None:
+        urls = list(dict.fromkeys(replica_urls))
+        if not urls:
+            raise ValueError("need at least one replica URL")
+        self.replicas = {url: Replica(url, down_after, up_after) for url in urls}
+        self.ring = HashRing(urls, vnodes)
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.max_retries = max_retries
+        self.grace_ms = grace_ms
+        self.connect_timeout_s = connect_timeout_s
+        self.model = model
+        self._tls = (
+            tls
+            if tls is not None
+            else (default_tls() if any(r.tls for r in self.replicas.values()) else None)
+        )
+        self._ids = itertools.count()
+        self._id_prefix = f"zl{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
+        self._poller: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ZeroLayerClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the background health poll (no-op when ``health_interval_s`` is 0)."""
+        if self._poller is None and self.health_interval_s > 0:
+            self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        """Stop polling and close every connection; live streams end as lost."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for replica in self.replicas.values():
+            if replica.conn is not None:
+                replica.conn.close()
+                replica.conn = None
+
+    def is_up(self, url: str) -> bool:
+        return self.replicas[url].health.up
+
+    def up_replicas(self) -> list[str]:
+        return [url for url, r in self.replicas.items() if r.health.up]
+
+    # health
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self.poll_health()
+            await asyncio.sleep(self.health_interval_s)
+
+    async def poll_health(self) -> None:
+        """Poll every replica's ``/health`` once and feed the verdicts to their hysteresis."""
+        await asyncio.gather(*(self._poll(r) for r in self.replicas.values()))
+
+    async def _poll(self, replica: Replica) -> None:
+        try:
+            conn = await replica.connection(self._tls, self.connect_timeout_s)
+            status, body = await conn.get("/health", self.health_timeout_s)
+            payload = orjson.loads(body) if status == 200 else None
+            replica.last_health = payload if isinstance(payload, dict) else None
+            replica.health.observe(healthy(status, replica.last_health))
+        except (OSError, TimeoutError, orjson.JSONDecodeError):
+            replica.health.observe(False)
+
+    # requests
+
+    def _candidates(self, key: str) -> Iterator[Replica]:
+        replicas = self.replicas
+        for url in self.ring.preference(key):
+            replica = replicas[url]
+            if replica.health.up:
+                yield replica
+
+    def stream(
+        self,
+        *,
+        prompt: str,
+        max_tokens: int = contract.DEFAULT_MAX_TOKENS,
+        session: str = "",
+        tenant: str = "default",
+        priority: str = "normal",
+        deadline_ms: int = contract.DEFAULT_DEADLINE_MS,
+        seed: int | None = None,
+        chat: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> Stream:
+        """A streamed completion; ``async with`` it, then ``async for chunk in it``.
+
+        Entering waits for the first token (retrying before it where that is safe) and raises
+        ZeroLayerError if none comes; iterating raises it if the stream breaks later.
+        ``stream.timing`` holds the record either way (and the error carries it too).
+        """
+        request_id = f"{self._id_prefix}{next(self._ids)}"
+        req = prepare(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            request_id=request_id,
+            session=session,
+            tenant=tenant,
+            priority=priority,
+            deadline_ms=deadline_ms,
+            seed=seed,
+            chat=chat,
+            model=self.model,
+            headers=headers,
+        )
+        timing = Timing(request_id=request_id)
+        return Stream(
+            lambda s: self._open(s, req, session or request_id),
+            timing,
+            (deadline_ms + self.grace_ms) / 1000,
+        )
+
+    async def complete(self, **kwargs: object) -> Completion:
+        """The whole answer at once; takes ``stream``'s arguments."""
+        async with self.stream(**kwargs) as s:  # type: ignore[arg-type]
+            text = []
+            tokens = 0
+            async for chunk in s:
+                text.append(chunk.text)
+                tokens += chunk.tokens
+        return Completion("".join(text), tokens, s.timing)
+
+    async def _open(self, stream: Stream, req: Prepared, key: str) -> Response:
+        """Try replicas in ring order until one gives a first token, or stop with the error."""
+        timing = stream.timing
+        error: ZeroLayerError | None = None
+        for replica in self._candidates(key):
+            if timing.tried:
+                if timing.retries >= self.max_retries:
+                    break
+                timing.retries += 1
+            timing.tried.append(replica.url)
+            timing.replica = replica.url
+            resp = Response(timing, req.chat)
+            stream.current = resp
+            conn = replica.conn
+            if conn is None or not conn.usable:
+                try:
+                    conn = await replica.connection(self._tls, self.connect_timeout_s)
+                except (OSError, TimeoutError) as exc:
+                    replica.health.force_down()
+                    error = ZeroLayerError(CONNECTION_LOST, f"{replica.url}: {exc}", retryable=True)
+                    if stream.timed_out:
+                        break
+                    continue
+            if not timing.sent_ns:
+                timing.sent_ns = _now()
+            await conn.request(req.path, req.headers, req.body, resp)
+            if not resp.chunks and not resp.done:
+                await resp.wait()
+            error = resp.error
+            if error is None:
+                return resp
+            if error.code in _MARK_DOWN:
+                replica.health.force_down()
+            if not error.retryable or stream.timed_out:
+                break
+        if stream.timed_out and (error is None or error.code != CLIENT_TIMEOUT):
+            error = ZeroLayerError(CLIENT_TIMEOUT, "no answer by deadline plus grace")
+        if error is None:
+            error = ZeroLayerError(NO_REPLICA, "no replica is up")
+        raise error

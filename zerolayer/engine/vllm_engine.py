@@ -1,0 +1,299 @@
+"""The ``vllm`` engine: vLLM's in-process V1 ``AsyncLLM`` behind the Engine protocol.
+
+vLLM is an optional extra for GPU machines (it is not installable where this suite's CI runs).
+Everything the adapter needs from vLLM goes through :class:`VllmApi`, loaded lazily, so the
+mapping (request -> ``SamplingParams`` with ``output_kind=DELTA``, ``RequestOutput`` deltas ->
+``TokenChunk``, ``abort``, ``SchedulerStats`` -> ``EngineStats``) is testable against a stand-in.
+The load signal comes from a custom stat logger that vLLM calls with each ``SchedulerStats``
+(``num_running_reqs``, ``num_waiting_reqs``, ``kv_cache_usage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
+from zerolayer.engine.torch_engine.prompt import prompt_token_ids
+from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+
+DEFAULT_VOCAB = 32_000
+
+
+@dataclass
+class VllmEngineConfig:
+    """``AsyncEngineArgs`` fields the bench sets; ``load_format="dummy"`` gives random weights."""
+
+    model: str = ""
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    seed: int = 0
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``AsyncEngineArgs``."""
+        if not self.model:
+            raise ValueError("the vllm engine needs model= (a local model directory)")
+        args = asdict(self)
+        extra = args.pop("extra_args")
+        args = {k: v for k, v in args.items() if v is not None}
+        args["disable_log_stats"] = False
+        args.update(extra)
+        return args
+
+
+class LoadSignal:
+    """The latest scheduler figures vLLM reported, plus preemptions summed over iterations."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.preemptions = 0
+        self.records = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running = int(scheduler_stats.num_running_reqs)
+            self.waiting = int(scheduler_stats.num_waiting_reqs)
+            usage = getattr(scheduler_stats, "kv_cache_usage", None)
+            if usage is None:
+                usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
+            self.kv_usage = float(usage)
+        if iteration_stats is not None:
+            self.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0))
+        self.records += 1
+
+
+def stat_logger_class(signal: LoadSignal, base: type | None) -> type:
+    """A stat logger class (vLLM's ``StatLoggerFactory``) that forwards into ``signal``."""
+
+    def __init__(self: Any, vllm_config: Any = None, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+
+    def record(
+        self: Any,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        signal.record(scheduler_stats, iteration_stats)
+
+    def log_engine_initialized(self: Any) -> None:
+        """Nothing to log: the bench reads the signal, not the log."""
+
+    def log(self: Any) -> None:
+        """Nothing to log: the bench reads the signal, not the log."""
+
+    namespace = {
+        "__init__": __init__,
+        "record": record,
+        "log_engine_initialized": log_engine_initialized,
+        "log": log,
+    }
+    return type("ZeroLayerStatLogger", (base,) if base is not None else (), namespace)
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The few vLLM entry points the adapter uses, so tests can supply a stand-in."""
+
+    create_llm: Callable[[VllmEngineConfig, list[Any]], Any]
+    sampling_params: Callable[..., Any]
+    tokens_prompt: Callable[..., Any]
+    delta: Any
+    stat_logger_base: type | None
+
+
+def load_vllm_api() -> VllmApi:
+    """The real vLLM V1 API; raises ImportError where vLLM is not installed."""
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    def create(config: VllmEngineConfig, stat_loggers: list[Any]) -> Any:
+        args = AsyncEngineArgs(**config.engine_args())
+        return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
+
+    return VllmApi(create, SamplingParams, TokensPrompt, RequestOutputKind.DELTA, StatLoggerBase)
+
+
+def map_error(exc: BaseException) -> EngineError:
+    """vLLM's exceptions as the contract's error codes."""
+    kind = type(exc).__name__
+    message = str(exc) or kind
+    if kind == "EngineDeadError":
+        return EngineError("engine_down", message)
+    if isinstance(exc, ValueError):
+        lowered = message.lower()
+        too_long = (
+            "too long" in lowered or "maximum context" in lowered or "max_model_len" in lowered
+        )
+        return EngineError("prompt_too_long" if too_long else "bad_request", message)
+    return EngineError("engine_down", f"{kind}: {message}")
+
+
+class _Live:
+    """A request in flight: the pending read from vLLM's stream, and why it was cut short."""
+
+    __slots__ = ("aborted", "error", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Future[Any] | None = None
+        self.aborted = False
+        self.error: EngineError | None = None
+
+
+class VllmEngine:
+    """vLLM's ``AsyncLLM`` as an Engine: one ``generate`` stream per request, DELTA outputs."""
+
+    name = "vllm"
+
+    def __init__(self, config: VllmEngineConfig | None = None, api: VllmApi | None = None) -> None:
+        self.config = config or VllmEngineConfig()
+        self.api = api or load_vllm_api()
+        self.signal = LoadSignal()
+        logger = stat_logger_class(self.signal, self.api.stat_logger_base)
+        self.llm = self.api.create_llm(self.config, [logger])
+        self.vocab_size = self._vocab_size()
+        self.num_blocks = self._num_blocks()
+        self._live: dict[str, _Live] = {}
+        self._aborts: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def _vocab_size(self) -> int:
+        model_config = getattr(self.llm, "model_config", None)
+        get = getattr(model_config, "get_vocab_size", None)
+        return int(get()) if get is not None else DEFAULT_VOCAB
+
+    def _num_blocks(self) -> int:
+        cache = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
+        return int(getattr(cache, "num_gpu_blocks", None) or 0)
+
+    def sampling_params(self, request: EngineRequest) -> Any:
+        """Exactly ``max_tokens`` tokens (EOS ignored), seeded, streamed as deltas."""
+        return self.api.sampling_params(
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            ignore_eos=True,
+            output_kind=self.api.delta,
+        )
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        if self._closed:
+            raise EngineError("engine_down", "engine is closed")
+        rid = request.request_id
+        if rid in self._live:
+            raise EngineError("bad_request", f"duplicate request id {rid!r}")
+        live = self._live[rid] = _Live()
+        prompt = self.api.tokens_prompt(prompt_token_ids=prompt_token_ids(request, self.vocab_size))
+        stream = self.llm.generate(prompt, self.sampling_params(request), rid)
+        emitted = 0
+        done = False
+        try:
+            while True:
+                live.task = asyncio.ensure_future(anext(stream))
+                try:
+                    out = await live.task
+                except StopAsyncIteration:
+                    done = True
+                    raise EngineError(
+                        "engine_down", f"vLLM ended {rid} without finishing"
+                    ) from None
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    done = True
+                    if live.error is not None:
+                        raise live.error from None
+                    yield self._final(request, emitted)
+                    return
+                except Exception as exc:
+                    done = True
+                    raise map_error(exc) from exc
+                finally:
+                    live.task = None
+                chunk = self._chunk(request, out, emitted)
+                emitted = chunk.completion_tokens
+                done = chunk.finish_reason is not None
+                yield chunk
+                if done:
+                    return
+                if live.aborted:
+                    yield self._final(request, emitted)
+                    return
+        finally:
+            self._live.pop(rid, None)
+            if not done:
+                await stream.aclose()
+
+    def _chunk(self, request: EngineRequest, out: Any, emitted: int) -> TokenChunk:
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        if self.config.skip_tokenizer_init:
+            text = detokenize([i % VOCAB_SIZE for i in ids])
+        else:
+            text = completion.text
+        finish = completion.finish_reason if out.finished else None
+        prompt_ids = getattr(out, "prompt_token_ids", None)
+        return TokenChunk(
+            token_ids=ids,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=len(prompt_ids) if prompt_ids else request.prompt_tokens,
+            completion_tokens=emitted + len(ids),
+        )
+
+    @staticmethod
+    def _final(request: EngineRequest, emitted: int) -> TokenChunk:
+        return TokenChunk([], "", "abort", request.prompt_tokens, emitted)
+
+    def abort(self, request_id: str) -> None:
+        """End the stream with ``abort`` now and tell vLLM to free the request's KV."""
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        live.aborted = True
+        if live.task is not None:
+            live.task.cancel()
+        task = asyncio.get_running_loop().create_task(self.llm.abort(request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    def stats(self) -> EngineStats:
+        signal = self.signal
+        total = self.num_blocks or 1
+        return EngineStats(
+            running=signal.running,
+            waiting=signal.waiting,
+            kv_blocks_used=round(signal.kv_usage * total),
+            kv_blocks_total=total,
+            block_size=self.config.block_size,
+            preemptions=signal.preemptions,
+            max_num_seqs=self.config.max_num_seqs,
+        )
+
+    async def close(self) -> None:
+        """Fail what is still streaming with ``engine_down``, then shut vLLM down."""
+        self._closed = True
+        for live in list(self._live.values()):
+            live.error = EngineError("engine_down", "engine closed")
+            if live.task is not None:
+                live.task.cancel()
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+        self.llm.shutdown()
