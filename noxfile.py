@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` (the CI suite), ``lint``, ``bench`` (the main job), ``benchmarks``."""
+"""Sessions: ``bench`` (the main job), ``tests`` (what CI runs), ``lint``, ``chaos``,
+``benchmarks`` (pytest-benchmark micro-benchmarks) and ``overhead`` (the layer-cost benchmark)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,61 @@ import nox
 nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
+# The CPU build of PyTorch this machine keeps on disk; a looser range pulls a multi-GB CUDA build.
+TORCH_CPU = "torch==2.13.0"
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Stand up both stacks, run the profiles, write results/<run-id>/ with report.html.
+
+    Arguments after ``--`` go to ``zl-bench run`` (``--scale``, ``--profiles``, ``--stacks``,
+    ``--engine``, ``--loader``, ``--out``, ``--zerolayer-urls``, ``--baseline-url``, ...).
+    """
+    session.install("-e", ".")
+    session.run("zl-bench", "run", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The test suite; arguments go to pytest."""
-    session.install("-e", ".[dev]")
-    session.run("pytest", "-q", *session.posargs)
+    """The test suite (CPU only; GPU tests skip with their reason); arguments go to pytest."""
+    session.install("-e", ".[dev]", TORCH_CPU, "safetensors>=0.4,<1")
+    session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
+    """ruff check and ruff format --check."""
     session.install("ruff>=0.6,<1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
 @nox.session(python=PYTHON)
-def bench(session: nox.Session) -> None:
-    """The main job: drive the sim engine with profile A's request shape and check its fidelity."""
+def chaos(session: nox.Session) -> None:
+    """Every chaos experiment on both stacks; arguments go to ``python -m chaos.runner``."""
     session.install("-e", ".")
-    session.run("python", "-m", "bench.fidelity", *session.posargs)
+    args = session.posargs or ["--scale", "laptop"]
+    for stack in ("zerolayer", "baseline"):
+        session.run("python", "-m", "chaos.runner", "--stack", stack, *args)
 
 
 @nox.session(python=PYTHON)
 def benchmarks(session: nox.Session) -> None:
-    """pytest-benchmark micro-benchmarks (CPU cost of the hot paths); not part of ``tests``."""
+    """pytest-benchmark micro-benchmarks of the hot paths (sim step, client encode, ...)."""
     session.install("-e", ".[dev]")
-    session.run("pytest", "benchmarks", "--benchmark-only", "-p", "no:randomly", *session.posargs)
+    session.run("pytest", "benchmarks", "--benchmark-only", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def overhead(session: nox.Session) -> None:
+    """What each stack adds over an in-process null engine; arguments go to bench.overhead."""
+    session.install("-e", ".")
+    session.run("python", "-m", "bench.overhead", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def fidelity(session: nox.Session) -> None:
+    """The sim engine against its step-time model: 256 concurrent requests, drift and CPU share."""
+    session.install("-e", ".")
+    session.run("python", "-m", "bench.fidelity", *session.posargs)
