@@ -94,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-shape", default="llama-3.1-8b")
     args = parser.parse_args(argv)
     config = SimConfig(model_shape=args.model_shape)
-    print(f"sim engine fidelity: {args.requests} concurrent requests, {args.prompt_tokens} prompt "
-          f"tokens, {args.max_tokens} output tokens, {args.model_shape}", flush=True)
+    print(
+        f"sim engine fidelity: {args.requests} concurrent requests, {args.prompt_tokens} prompt "
+        f"tokens, {args.max_tokens} output tokens, {args.model_shape}",
+        flush=True,
+    )
     result = uvloop.run(drive(config, args.requests, args.prompt_tokens, args.max_tokens))
     for line in result.lines():
         print(line)

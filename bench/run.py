@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import psutil
 from bench import schema
 from bench.capacity import preflight
 from bench.loaders.base import LOADERS, LoadResult
+from bench.metrics import summarize
 from bench.profile import Profile, load_profile
 from bench.stacks import STACKS, StackHandle, external, start_baseline_stack, start_zerolayer
 from bench.telemetry import (
@@ -80,7 +81,10 @@ def _git_revision() -> str:
             cwd=Path(__file__).resolve().parent,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, check=False,
+            ["git", "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            check=False,
             cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
@@ -138,13 +142,12 @@ class RunDir:
         tmp.write_bytes(orjson.dumps(self.meta, option=orjson.OPT_INDENT_2, default=str))
         tmp.replace(self.path / schema.RUN_META)
 
-    def add_summary(self, result: LoadResult) -> None:
-        row = {"stack": result.stack, "profile": result.profile, "loader": result.loader}
-        row.update(result.summary)
-        self.summary.append(row)
-        self.meta["validity"][f"{result.stack}/{result.profile}"] = {
-            "valid": result.valid,
-            "reasons": result.invalid_reasons,
+    def add_summary(self, stack: str, profile: str, loader: str, summary: dict[str, Any]) -> None:
+        """Append one stack/profile row to summary.json (rewritten whole, atomically)."""
+        self.summary.append({"stack": stack, "profile": profile, "loader": loader, **summary})
+        self.meta["validity"][f"{stack}/{profile}"] = {
+            "valid": summary["valid"],
+            "reasons": summary["invalid_reasons"],
         }
         tmp = self.path / (schema.SUMMARY + ".tmp")
         tmp.write_bytes(orjson.dumps(self.summary, option=orjson.OPT_INDENT_2))
@@ -172,12 +175,18 @@ def _watch(stack: StackHandle, engines: EngineSource, procs: ProcessSource) -> N
     else:
         for url in stack.urls:
             engines.add(EngineTarget.health("baseline", stack.name, f"{url}/health"))
-    roles = {"replica": "replica", "proxy": "proxy", "controller": "controller",
-             "ingress": "orchestrator", "engine": "engine"}
+    roles = {
+        "replica": "replica",
+        "proxy": "proxy",
+        "controller": "controller",
+        "ingress": "orchestrator",
+        "engine": "engine",
+    }
     for role, pids in stack.pids().items():
         for i, pid in enumerate(pids):
-            procs.add(Component(f"{stack.name}-{role}-{i}", pid, roles.get(role, "other"),
-                                stack.name))
+            procs.add(
+                Component(f"{stack.name}-{role}-{i}", pid, roles.get(role, "other"), stack.name)
+            )
 
 
 def _run_profile(
@@ -187,10 +196,6 @@ def _run_profile(
     schedule = build_schedule(profile)
     phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
     try:
-        if profile.fault is not None:
-            from chaos.profile_d import run_profile_d
-
-            return run_profile_d(profile, schedule, stack, run.path, phases, config.loader)
         if config.loader == "native":
             from bench.loaders.native import run_native
 
@@ -209,23 +214,77 @@ def _run_profile(
             from bench.loaders.k6 import run_k6
 
             return run_k6(
-                schedule, url=stack.urls[0], stack=stack.name, profile=profile.name,
-                rate=profile.rate, duration_s=profile.duration_s, workdir=workdir,
-                records_path=records, process=profile.process,
+                schedule,
+                url=stack.urls[0],
+                stack=stack.name,
+                profile=profile.name,
+                rate=profile.rate,
+                duration_s=profile.duration_s,
+                workdir=workdir,
+                records_path=records,
+                process=profile.process,
             )
         from bench.loaders.locust import run_locust
 
         return run_locust(
-            schedule, url=stack.urls[0], stack=stack.name, profile=profile.name,
-            workdir=workdir, records_path=records,
+            schedule,
+            url=stack.urls[0],
+            stack=stack.name,
+            profile=profile.name,
+            workdir=workdir,
+            records_path=records,
         )
     finally:
         phases.end()
 
 
+def _run_faults(stack: StackHandle, config: RunConfig, run: RunDir, phases: PhaseLog) -> None:
+    """Profile D: every chaos experiment under profile A's load, on a stack of its own making.
+
+    The zero-layer stack is stood up afresh by the chaos runner (with the fault proxy in its path,
+    after the bench's own replicas are gone); the baseline reuses the bench's Ray deployment.
+    """
+    from chaos.runner import CHAOS_SCALES, run_profile_d, table
+    from chaos.runner import SCALES as CHAOS_SCALE_SETTINGS
+
+    scale = config.scale if config.scale in CHAOS_SCALES else CHAOS_SCALES[-1]
+    if scale != config.scale:
+        _say(f"chaos runs at {CHAOS_SCALES}; profile D uses the {scale} chaos scale")
+    phases.begin(f"{stack.name}/d_fault", stack=stack.name, profile="d_fault")
+    try:
+        rows = run_profile_d(stack.name, run.path, scale, baseline_handle=stack.baseline)
+    finally:
+        phases.end()
+    print(table(rows), flush=True)
+    recovery_path = run.path / schema.CHAOS_DIR / "recovery.json"
+    previous = orjson.loads(recovery_path.read_bytes()) if recovery_path.exists() else []
+    recovery_path.write_bytes(
+        orjson.dumps(previous + [r.to_dict() for r in rows], option=orjson.OPT_INDENT_2)
+    )
+    logs = sorted((run.path / schema.CHAOS_DIR).glob(f"requests-{stack.name}-d_fault-*.jsonl"))
+    records = [rec for path in logs for rec in schema.read_requests(path)]
+    summary = summarize(records)
+    summary["chaos_scale"] = asdict(CHAOS_SCALE_SETTINGS[scale])
+    run.add_summary(stack.name, "d_fault", "native", summary)
+    _say(
+        f"{stack.name} / d_fault: {len(rows)} experiments, {summary['lost']} lost, "
+        f"{summary['errors']} errors"
+    )
+
+
+def _fault_phase(stack: StackHandle, config: RunConfig, run: RunDir, phases: PhaseLog) -> None:
+    if stack.metadata.get("impl") == "external":
+        _say(f"{stack.name} / d_fault: skipped, faults need a stack this run started")
+        return
+    _say(f"{stack.name} / d_fault: chaos experiments under profile A's load")
+    _run_faults(stack, config, run, phases)
+
+
 def _summary_table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'stack':<10} {'profile':<20} {'done':>6} {'err':>5} {'lost':>5} "
-            f"{'TTFT p50':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'E2EL std':>9} {'req/s':>7} valid")
+    head = (
+        f"{'stack':<10} {'profile':<20} {'done':>6} {'err':>5} {'lost':>5} "
+        f"{'TTFT p50':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'E2EL std':>9} {'req/s':>7} valid"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -271,16 +330,26 @@ def run(config: RunConfig) -> int:
                 run.save()
                 _watch(stack, engines, procs)
                 for profile in profiles:
-                    _say(f"{name} / {profile.name}: {profile.rate:g} req/s for "
-                         f"{profile.duration_s:g} s ({config.loader} loader)")
+                    if profile.fault is not None:
+                        continue
+                    _say(
+                        f"{name} / {profile.name}: {profile.rate:g} req/s for "
+                        f"{profile.duration_s:g} s ({config.loader} loader)"
+                    )
                     result = _run_profile(profile, stack, config, run, phases)
-                    run.add_summary(result)
+                    run.add_summary(name, profile.name, result.loader, result.summary)
                     s = result.summary
-                    _say(f"{name} / {profile.name}: {s['completed']} completed, {s['errors']} "
-                         f"errors, {s['lost']} lost, E2EL p50 "
-                         f"{s.get('median_e2el_ms', float('nan')):.1f} ms"
-                         + ("" if result.valid else f" INVALID: {result.invalid_reasons}"))
+                    _say(
+                        f"{name} / {profile.name}: {s['completed']} completed, {s['errors']} "
+                        f"errors, {s['lost']} lost, E2EL p50 "
+                        f"{s.get('median_e2el_ms', float('nan')):.1f} ms"
+                        + ("" if result.valid else f" INVALID: {result.invalid_reasons}")
+                    )
+                if any(p.fault is not None for p in profiles) and name == "baseline":
+                    _fault_phase(stack, config, run, phases)
                 _say(f"tearing down {name}")
+            if any(p.fault is not None for p in profiles) and name == "zerolayer":
+                _fault_phase(stack, config, run, phases)
         run.meta["complete"] = True
         run.meta.pop("incomplete_reason", None)
     except KeyboardInterrupt:
@@ -321,18 +390,32 @@ def register(sub: Any) -> None:
     """Add ``zl-bench run`` to the command line (bench.cli discovers this)."""
     p = sub.add_parser("run", help="stand up the stacks, run the profiles, write results/")
     p.add_argument("--scale", choices=SCALES, default="laptop")
-    p.add_argument("--profiles", type=_csv, default=list(DEFAULT_PROFILES),
-                   help="comma-separated: a_latency,b_high_concurrency,c_mixed,d_fault (or a,b,c,d)")
+    p.add_argument(
+        "--profiles",
+        type=_csv,
+        default=list(DEFAULT_PROFILES),
+        help="comma-separated: a_latency,b_high_concurrency,c_mixed,d_fault (or a,b,c,d)",
+    )
     p.add_argument("--stacks", type=_csv, default=list(STACKS), help="zerolayer,baseline")
     p.add_argument("--engine", default="sim", help="sim (default), null, torch, vllm")
-    p.add_argument("--engine-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                   help="engine option, e.g. model_shape=llama-3.2-1b (repeatable)")
+    p.add_argument(
+        "--engine-option",
+        type=_kv,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option, e.g. model_shape=llama-3.2-1b (repeatable)",
+    )
     p.add_argument("--replicas", type=int, default=2, help="engine replicas per stack")
     p.add_argument("--loader", choices=LOADERS, default="native")
     p.add_argument("--out", default="results", help="parent of results/<run-id>/")
     p.add_argument("--seed", type=int, help="override every profile's seed")
-    p.add_argument("--zerolayer-urls", type=_csv, default=[],
-                   help="replica URLs of a zero-layer stack already running (nothing started)")
+    p.add_argument(
+        "--zerolayer-urls",
+        type=_csv,
+        default=[],
+        help="replica URLs of a zero-layer stack already running (nothing started)",
+    )
     p.add_argument("--baseline-url", default="", help="front door of a baseline already running")
     p.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
     p.set_defaults(func=_main)

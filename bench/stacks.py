@@ -57,8 +57,17 @@ class ReplicaProcess:
         self._start(port)
 
     def _start(self, port: int) -> None:
-        cmd = [sys.executable, "-m", "zerolayer.server", *engine_args(self.engine, self.options),
-               "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "zerolayer.server",
+            *engine_args(self.engine, self.options),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *self.extra_args,
+        ]
         if self.name:
             cmd += ["--name", self.name]
         self.proc = subprocess.Popen(

@@ -14,7 +14,9 @@ RUNNING = 256
 
 def _engine_in_decode() -> SimEngine:
     engine = SimEngine(SimConfig(model_shape="llama-3.1-8b", max_num_seqs=RUNNING))
-    seqs = [engine.add_request(EngineRequest(f"r{i}", 256, 1 << 15, seed=i)) for i in range(RUNNING)]
+    seqs = [
+        engine.add_request(EngineRequest(f"r{i}", 256, 1 << 15, seed=i)) for i in range(RUNNING)
+    ]
     while engine.stats().waiting or any(s.emitted == 0 for s in seqs):
         engine.commit(engine.schedule())
     assert engine.stats().running == RUNNING
@@ -44,5 +46,7 @@ def test_step_cpu_cost_256_running(benchmark) -> None:
     share = benchmark.stats.stats.median / mean_modelled
     benchmark.extra_info["modelled_step_ms"] = round(mean_modelled * 1000, 3)
     benchmark.extra_info["cpu_share_of_one_core"] = round(share, 4)
-    print(f"\nsim step with {RUNNING} running: cpu {benchmark.stats.stats.median * 1000:.3f} ms "
-          f"per modelled {mean_modelled * 1000:.3f} ms step = {share * 100:.1f} % of one core")
+    print(
+        f"\nsim step with {RUNNING} running: cpu {benchmark.stats.stats.median * 1000:.3f} ms "
+        f"per modelled {mean_modelled * 1000:.3f} ms step = {share * 100:.1f} % of one core"
+    )

@@ -41,5 +41,5 @@ def test_decode_is_monotone_in_batch_and_context() -> None:
 
 
 def test_unknown_shape_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="llama-3.1-8b"):
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b"):
         model_shape("gpt-5", PROFILE)

@@ -65,9 +65,18 @@ UPSTREAM_FAILED: Final = ErrorCode("upstream_failed", 502, False)
 ERRORS: Final[Mapping[str, ErrorCode]] = {
     e.code: e
     for e in (
-        KV_EXHAUSTED, QUEUE_FULL, DEADLINE_EXCEEDED, BAD_REQUEST, PROMPT_TOO_LONG,
-        PAYLOAD_TOO_LARGE, NOT_FOUND, METHOD_NOT_ALLOWED, BUDGET_EXCEEDED, ENGINE_DOWN,
-        DRAINING, UPSTREAM_FAILED,
+        KV_EXHAUSTED,
+        QUEUE_FULL,
+        DEADLINE_EXCEEDED,
+        BAD_REQUEST,
+        PROMPT_TOO_LONG,
+        PAYLOAD_TOO_LARGE,
+        NOT_FOUND,
+        METHOD_NOT_ALLOWED,
+        BUDGET_EXCEEDED,
+        ENGINE_DOWN,
+        DRAINING,
+        UPSTREAM_FAILED,
     )
 }
 
@@ -178,9 +187,7 @@ def build_headers(
 
 def error_body(error: ErrorCode, message: str) -> bytes:
     """The JSON body of an error response (OpenAI's shape, with our code)."""
-    return orjson.dumps(
-        {"error": {"code": error.code, "message": message, "type": error.code}}
-    )
+    return orjson.dumps({"error": {"code": error.code, "message": message, "type": error.code}})
 
 
 def error_headers(error: ErrorCode, retry_after_ms: int | None = None) -> list[tuple[str, str]]:

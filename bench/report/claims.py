@@ -145,9 +145,9 @@ def refusal_speed(run: RunData) -> ClaimResult:
         "zero-layer's (half the claimed 40x), from the chaos recovery table"
     )
     detect = {
-        row["stack"]: float(row["time_to_detect_ms"])
+        row["stack"]: float(row["time_to_detect_s"]) * 1000.0
         for row in recovery_rows(run)
-        if "kv" in str(row.get("fault", "")).lower() and row.get("time_to_detect_ms") is not None
+        if "kv" in str(row.get("fault", "")).lower() and row.get("time_to_detect_s") is not None
     }
     if ZEROLAYER not in detect or BASELINE not in detect:
         return ClaimResult("refusal_speed", claim, "3 ms vs 120 ms", "-", NOT_MEASURED, rule)

@@ -136,6 +136,40 @@ def _faults_section(run: RunData) -> str:
     return "<h2>Faults</h2>" + _table(["fault", "stack", "start (s)", "end (s)", "from"], rows, 2)
 
 
+RECOVERY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("requests", "{:.0f}"),
+    ("failed", "{:.0f}"),
+    ("lost", "{:.0f}"),
+    ("time_to_detect_s", "{:.2f}"),
+    ("time_to_recover_s", "{:.2f}"),
+    ("sdk_reroute_s", "{:.2f}"),
+    ("error_budget_burn", "{:.1f}"),
+    ("blast_radius_requests", "{:.0%}"),
+    ("blast_radius_replicas", "{:.0%}"),
+)
+
+
+def _recovery_section(run: RunData) -> str:
+    rows = claims.recovery_rows(run)
+    if not rows:
+        return ""
+    body = [
+        [escape(str(r.get("stack", "?"))), escape(str(r.get("experiment", "?")))]
+        + [_cell(r.get(key), fmt) for key, fmt in RECOVERY_COLUMNS]
+        + [
+            escape(f"{r.get('hypothesis_before')}/{r.get('hypothesis_after')}"),
+            "ok" if r.get("rollbacks_ok") else "<b>FAILED</b>",
+        ]
+        for r in rows
+    ]
+    headers = ["stack", "experiment", *(k for k, _ in RECOVERY_COLUMNS), "hypothesis", "rollbacks"]
+    return (
+        "<h2>Recovery (profile D, Chaos Toolkit)</h2><p>Lost must be 0: every request either "
+        "completed or got an explicit error by its deadline. Times are from the fault's start; "
+        "'-' means the SLI never left its target.</p>" + _table(headers, body, left=2)
+    )
+
+
 def _telemetry_section(run: RunData) -> str:
     sources = run.meta.get("telemetry", {}).get("sources", [])
     if not sources:
@@ -193,6 +227,7 @@ def render(run_dir: str | Path) -> Path:
         _summary_section(run),
         _claims_section(run),
         _faults_section(run),
+        _recovery_section(run),
         _telemetry_section(run),
         "<h2>Plots</h2>",
     ]

@@ -9,6 +9,7 @@ clock, so oversleeping one step is paid back by the next and cumulative drift st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 from collections import deque
@@ -55,8 +56,20 @@ class SimConfig:
 class _Seq:
     """One request inside the engine."""
 
-    __slots__ = ("arrival", "computed", "emitted", "error", "finish_reason", "id", "ids",
-                 "pending", "priority", "prompt_tokens", "running", "waiter")
+    __slots__ = (
+        "arrival",
+        "computed",
+        "emitted",
+        "error",
+        "finish_reason",
+        "id",
+        "ids",
+        "pending",
+        "priority",
+        "prompt_tokens",
+        "running",
+        "waiter",
+    )
 
     def __init__(self, request: EngineRequest, arrival: int) -> None:
         self.id = request.request_id
@@ -191,10 +204,8 @@ class SimEngine:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         for seq in list(self._seqs.values()):
             seq.error = EngineError("engine_down", "engine closed")
@@ -377,4 +388,3 @@ class SimEngine:
             virtual_end = end
             last_end = actual_end
             self.commit(plan)
-

@@ -10,8 +10,24 @@ import xxhash
 
 VOCAB_SIZE = 4096
 BYTES_PER_TOKEN = 4
-_SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "da", "ve", "zu", "bo", "fi", "ge",
-              "hu", "ja")
+_SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ne",
+    "su",
+    "ta",
+    "ri",
+    "po",
+    "da",
+    "ve",
+    "zu",
+    "bo",
+    "fi",
+    "ge",
+    "hu",
+    "ja",
+)
 
 
 def _make_vocab() -> tuple[str, ...]:
