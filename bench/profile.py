@@ -1,0 +1,253 @@
+"""Load profiles: one TOML file each in ``bench/profiles/``, at three scales.
+
+The scales are ``smoke``, ``laptop`` and ``seed``. A profile fixes the request shapes (classes
+with prompt size and output length), the arrival process and, per scale, the rate, duration and
+connection count. Both stacks run the same
+profile, so everything that defines a run's load lives here and is validated strictly: an unknown
+key is an error, not a silently ignored typo.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from zerolayer.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
+from zerolayer.engine.tokens import BYTES_PER_TOKEN
+
+PROFILE_DIR: Final = Path(__file__).parent / "profiles"
+PROFILES: Final = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+SCALES: Final = ("smoke", "laptop", "seed")
+DEFAULT_SCALE: Final = "laptop"
+ARRIVALS: Final = ("constant", "poisson", "gamma")
+
+_TOP_KEYS = {
+    "name",
+    "title",
+    "description",
+    "extends",
+    "arrival",
+    "defaults",
+    "classes",
+    "scales",
+    "fault",
+}
+_CLASS_KEYS = {
+    "name",
+    "weight",
+    "prompt_bytes",
+    "prompt_tokens",
+    "max_tokens",
+    "priority",
+    "deadline_ms",
+}
+_SCALE_KEYS = {"rate", "duration_s", "max_requests", "connections", "classes", "fault", "seed"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestClass:
+    """One kind of request: its prompt size (bytes; tokens are bytes / 4) and output length."""
+
+    name: str
+    weight: float
+    prompt_bytes: int
+    max_tokens: int
+    priority: str
+    deadline_ms: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return max(1, math.ceil(self.prompt_bytes / BYTES_PER_TOKEN))
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """The fault profile D runs, and when, in seconds from the start of the load."""
+
+    kind: str
+    start_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A profile at one scale: everything a loader needs to build and send the schedule."""
+
+    name: str
+    title: str
+    description: str
+    scale: str
+    rate: float
+    duration_s: float
+    max_requests: int
+    connections: int
+    process: str
+    burstiness: float
+    classes: tuple[RequestClass, ...]
+    sessions: int
+    tenants: tuple[str, ...]
+    seed: int
+    fault: Fault | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """For run metadata: the exact load that was asked for."""
+        return asdict(self)
+
+
+def resolve_name(name: str) -> str:
+    """Accept ``a_latency``, ``a``, ``A`` or a path stem; return the canonical profile name."""
+    key = name.strip().lower()
+    for full in PROFILES:
+        if key in (full, full.split("_", 1)[0]):
+            return full
+    raise ValueError(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _unknown(where: str, got: dict[str, Any], allowed: set[str]) -> None:
+    extra = set(got) - allowed
+    if extra:
+        raise ValueError(f"{where}: unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
+
+
+def load_raw(source: str | Path) -> dict[str, Any]:
+    """The TOML of a profile (by name or path), with ``extends`` resolved by a deep merge."""
+    path = Path(source)
+    if path.suffix != ".toml":
+        path = PROFILE_DIR / f"{resolve_name(str(source))}.toml"
+    raw = tomllib.loads(path.read_text())
+    _unknown(str(path), raw, _TOP_KEYS)
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    base = load_raw(parent)
+    for key in ("name", "title", "description"):
+        base.pop(key, None)
+    return _merge(base, raw)
+
+
+def _positive(where: str, value: Any, kind: type = float) -> Any:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{where} must be a positive number, got {value!r}")
+    return kind(value)
+
+
+def _request_class(raw: dict[str, Any], defaults: dict[str, Any]) -> RequestClass:
+    name = raw.get("name", "")
+    where = f"class {name!r}"
+    _unknown(where, raw, _CLASS_KEYS)
+    if ("prompt_bytes" in raw) == ("prompt_tokens" in raw):
+        raise ValueError(f"{where}: give exactly one of prompt_bytes and prompt_tokens")
+    prompt_bytes = (
+        _positive(f"{where} prompt_bytes", raw["prompt_bytes"], int)
+        if "prompt_bytes" in raw
+        else _positive(f"{where} prompt_tokens", raw["prompt_tokens"], int) * BYTES_PER_TOKEN
+    )
+    max_tokens = _positive(f"{where} max_tokens", raw.get("max_tokens"), int)
+    if max_tokens > MAX_OUTPUT_TOKENS:
+        raise ValueError(f"{where}: max_tokens {max_tokens} > {MAX_OUTPUT_TOKENS}")
+    priority = raw.get("priority", defaults.get("priority", "normal"))
+    if priority not in PRIORITIES:
+        raise ValueError(f"{where}: priority must be one of {sorted(PRIORITIES)}")
+    deadline = _positive(
+        f"{where} deadline_ms", raw.get("deadline_ms", defaults.get("deadline_ms", 30000)), int
+    )
+    if deadline > MAX_DEADLINE_MS:
+        raise ValueError(f"{where}: deadline_ms {deadline} > {MAX_DEADLINE_MS}")
+    return RequestClass(
+        name=name or "default",
+        weight=_positive(f"{where} weight", raw.get("weight", 1.0)),
+        prompt_bytes=prompt_bytes,
+        max_tokens=max_tokens,
+        priority=priority,
+        deadline_ms=deadline,
+    )
+
+
+def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = None) -> Profile:
+    """Validate a raw profile and resolve it at ``scale``; ``seed`` overrides the file's."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    name = raw.get("name", "")
+    scales = raw.get("scales", {})
+    if scale not in scales:
+        raise ValueError(f"profile {name!r} has no scale {scale!r}")
+    sc = scales[scale]
+    _unknown(f"{name} scale {scale}", sc, _SCALE_KEYS)
+    defaults = raw.get("defaults", {})
+    overrides = sc.get("classes", {})
+    raw_classes = raw.get("classes", [])
+    if not raw_classes:
+        raise ValueError(f"profile {name!r} has no [[classes]]")
+    names = [c.get("name", "default") for c in raw_classes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"profile {name!r}: class names repeat: {names}")
+    missing = set(overrides) - set(names)
+    if missing:
+        raise ValueError(f"profile {name!r} scale {scale}: overrides unknown classes {missing}")
+    classes = []
+    for c in raw_classes:
+        over = dict(overrides.get(c.get("name", "default"), {}))
+        base = dict(c)
+        if over.keys() & {"prompt_bytes", "prompt_tokens"}:
+            base.pop("prompt_bytes", None)
+            base.pop("prompt_tokens", None)
+        classes.append(_request_class({**base, **over}, defaults))
+    arrival = raw.get("arrival", {})
+    _unknown(f"{name} arrival", arrival, {"process", "burstiness"})
+    process = arrival.get("process", "constant")
+    if process not in ARRIVALS:
+        raise ValueError(f"arrival process must be one of {ARRIVALS}, got {process!r}")
+    rate = _positive(f"{name} {scale} rate", sc.get("rate"))
+    duration = _positive(f"{name} {scale} duration_s", sc.get("duration_s"))
+    max_requests = _positive(
+        f"{name} {scale} max_requests", sc.get("max_requests", math.ceil(rate * duration)), int
+    )
+    fault = None
+    if "fault" in raw:
+        f = _merge(raw["fault"], sc.get("fault", {}))
+        _unknown(f"{name} fault", f, {"kind", "start_s", "duration_s"})
+        fault = Fault(
+            kind=str(f["kind"]),
+            start_s=float(f.get("start_s", 0.0)),
+            duration_s=_positive(f"{name} fault duration_s", f.get("duration_s", 1.0)),
+        )
+        if fault.start_s + fault.duration_s > duration:
+            raise ValueError(f"{name} {scale}: the fault ends after the load does")
+    tenants = defaults.get("tenants", ["default"])
+    return Profile(
+        name=name,
+        title=raw.get("title", name),
+        description=raw.get("description", ""),
+        scale=scale,
+        rate=rate,
+        duration_s=duration,
+        max_requests=max_requests,
+        connections=_positive(f"{name} {scale} connections", sc.get("connections", 64), int),
+        process=process,
+        burstiness=_positive(f"{name} burstiness", arrival.get("burstiness", 1.0)),
+        classes=tuple(classes),
+        sessions=_positive(f"{name} sessions", defaults.get("sessions", 64), int),
+        tenants=tuple(str(t) for t in tenants) or ("default",),
+        seed=int(seed if seed is not None else sc.get("seed", 0)),
+        fault=fault,
+    )
+
+
+def load_profile(
+    source: str | Path, scale: str = DEFAULT_SCALE, seed: int | None = None
+) -> Profile:
+    """A profile by name (``a_latency``, ``a``) or TOML path, resolved at ``scale``."""
+    return build(load_raw(source), scale, seed)

@@ -1,0 +1,8 @@
+"""Fault injection for both stacks with Chaos Toolkit: providers, controls and recovery metrics.
+
+``actions`` (faults mirroring Chaos Mesh), ``netproxy`` (loopback TCP delay and partition),
+``probes`` (a sliding-window SLI and liveness), ``controls`` (background load and telemetry
+around each experiment), ``recovery`` (time to detect and recover, losses, blast radius),
+``targets`` (the JSON file that tells an experiment where the stack is), ``stacks`` (standing the
+two stacks up for a chaos run) and ``runner`` (``python -m chaos.runner``).
+"""

@@ -1,0 +1,374 @@
+"""Chaos Toolkit actions: faults mirroring Chaos Mesh's, and the rollbacks that undo them.
+
+- pod-kill: :func:`kill` sends SIGKILL to one process of a role (a zero-layer replica, a
+  baseline engine replica, the baseline's orchestrator ingress);
+- pod-failure: :func:`pause` sends SIGSTOP, holds for a duration, and SIGCONT (always);
+- network delay and partition: :func:`add_delay`, :func:`partition`, :func:`heal` switch the
+  loopback proxy (``chaos.netproxy``) the stack is pointed through;
+- stress: :func:`cpu_stress` keeps N busy processes for a bounded time;
+- KV pressure: :func:`kv_pressure` sends long requests that fill one replica's KV cache.
+
+Rollbacks (Chaos Toolkit runs them ``always``): :func:`resume_all`, :func:`heal`,
+:func:`restart_replicas` (a killed zero-layer replica, on its port), :func:`wait_ready`.
+Each action returns a small dict for the journal: which processes or replicas it touched and
+when, so ``chaos.recovery`` can tell the fault's start and its intended blast radius.
+Every provider takes Chaos Toolkit's ``configuration`` to find the target file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Final
+
+import psutil
+
+from chaos import netproxy
+from chaos.targets import Target, load_target, target_path, write_target
+from zerolayer.client.sdk import split_url
+
+ABSENT: Final = "absent"
+READY_POLL_S: Final = 0.1
+LISTEN_TIMEOUT_S: Final = 30.0
+STRESS_SCRIPT: Final = (
+    "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
+)
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not gone and not a zombie waiting to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_pids(target: Target) -> dict[str, list[int]]:
+    """Process ids by role now: the baseline asks Ray's GCS when this process is attached to
+    it (Serve replaces actors it loses, with new pids); otherwise the target file's, alive."""
+    if target.stack == "baseline":
+        with contextlib.suppress(ImportError):
+            import ray
+
+            if ray.is_initialized():
+                from baselines.rayserve.standup import serve_actor_pids
+
+                pids = serve_actor_pids()
+                return {"orchestrator": pids.pop("ingress"), **pids}
+    return {role: [p for p in pids if alive(p)] for role, pids in target.pids.items()}
+
+
+def _replica_urls(target: Target, role: str, pid: int) -> list[str]:
+    """The load URLs a zero-layer replica answers on (directly, or through the proxy)."""
+    if role != "replica":
+        return []
+    urls = []
+    for spec in target.replicas:
+        if spec.pid == pid:
+            urls.append(spec.url)
+            if target.netproxy_front == spec.url:
+                urls.append(target.netproxy_url)
+    return urls
+
+
+def _role(target: Target, role: str) -> str:
+    """``engine`` names the engine replicas of either stack (``replica`` on the zero-layer)."""
+    return target.engine_role if role == "engine" else role
+
+
+def _pick(target: Target, role: str, index: int) -> int | None:
+    pids = live_pids(target).get(role, [])
+    return pids[index % len(pids)] if pids else None
+
+
+def _absent(target: Target, role: str) -> dict[str, Any]:
+    """What an action on a component the stack does not have records (and does nothing)."""
+    return {
+        "fault": ABSENT,
+        "role": role,
+        "stack": target.stack,
+        "pids": [],
+        "note": f"the {target.stack} stack has no {role} component: nothing to act on",
+        "t_ns": _now_ns(),
+    }
+
+
+def kill(role: str, index: int = 0, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """pod-kill: SIGKILL the ``index``-th live process of ``role`` (no clean shutdown)."""
+    target = load_target(configuration)
+    role = _role(target, role)
+    pid = _pick(target, role, index)
+    if pid is None:
+        return _absent(target, role)
+    t_ns = _now_ns()
+    os.kill(pid, signal.SIGKILL)
+    return {
+        "fault": "kill",
+        "role": role,
+        "pids": [pid],
+        "urls": _replica_urls(target, role, pid),
+        "t_ns": t_ns,
+    }
+
+
+def pause(
+    role: str,
+    index: int = 0,
+    duration_s: float = 5.0,
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """pod-failure: SIGSTOP one process of ``role`` for ``duration_s``, then SIGCONT (always)."""
+    target = load_target(configuration)
+    role = _role(target, role)
+    pid = _pick(target, role, index)
+    if pid is None:
+        return _absent(target, role)
+    t_ns = _now_ns()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(duration_s)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    return {
+        "fault": "pause",
+        "role": role,
+        "pids": [pid],
+        "urls": _replica_urls(target, role, pid),
+        "t_ns": t_ns,
+        "end_ns": _now_ns(),
+    }
+
+
+def resume_all(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rollback for ``pause``: SIGCONT every process of the stack (harmless when running)."""
+    target = load_target(configuration)
+    resumed = []
+    for pids in live_pids(target).values():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                resumed.append(pid)
+    return {"resumed": sorted(resumed)}
+
+
+def _netproxy(target: Target) -> str:
+    if not target.netproxy:
+        raise ValueError(f"the {target.stack} target has no network proxy in its path")
+    return target.netproxy
+
+
+def add_delay(
+    delay_ms: float = 200.0,
+    direction: str = "down",
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Network delay: the proxy holds every chunk ``delay_ms`` before forwarding it."""
+    target = load_target(configuration)
+    mode = netproxy.command(_netproxy(target), f"delay {delay_ms} {direction}")
+    return {"fault": "delay", "front": target.netproxy_front, "urls": [target.netproxy_url],
+            "mode": mode, "t_ns": mode["since_ns"]}  # fmt: skip
+
+
+def partition(kind: str = "drop", configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Network partition: the proxy black-holes (``drop``) or resets (``refuse``) its traffic."""
+    target = load_target(configuration)
+    mode = netproxy.command(_netproxy(target), f"partition {kind}")
+    return {"fault": "partition", "front": target.netproxy_front, "urls": [target.netproxy_url],
+            "mode": mode, "t_ns": mode["since_ns"]}  # fmt: skip
+
+
+def heal(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rollback for delay and partition: the proxy passes traffic through untouched again."""
+    target = load_target(configuration)
+    if not target.netproxy:
+        return {"healed": False}
+    return {"healed": True, "mode": netproxy.command(target.netproxy, "heal")}
+
+
+def cpu_stress(
+    duration_s: float = 5.0, workers: int = 1, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """CPU stress: ``workers`` busy-looping processes for ``duration_s`` (killed on overrun)."""
+    t_ns = _now_ns()
+    code = STRESS_SCRIPT.format(s=float(duration_s))
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(workers)]
+    try:
+        for proc in procs:
+            try:
+                proc.wait(timeout=duration_s + 5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {"fault": "cpu_stress", "workers": workers, "pids": [p.pid for p in procs],
+            "t_ns": t_ns, "end_ns": _now_ns()}  # fmt: skip
+
+
+def _wait_listening(url: str, deadline: float) -> bool:
+    """Until ``GET /health`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes."""
+    host, port, _ = split_url(url)
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(host, port, timeout=1.0)
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                return True
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        time.sleep(READY_POLL_S)
+    return False
+
+
+def spawn_replica(command: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    """Start one zero-layer replica process, its output appended to ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def restart_replicas(
+    timeout_s: float = LISTEN_TIMEOUT_S, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Rollback for a zero-layer kill: start every dead replica again on its own port.
+
+    The new pid goes into the target file (the stand-up owns and later stops it). The baseline
+    needs no such step: Serve's controller replaces lost actors itself (see :func:`wait_ready`).
+    """
+    path = target_path(configuration)
+    target = load_target(configuration)
+    restarted = []
+    for spec in target.replicas:
+        if alive(spec.pid):
+            continue
+        proc = spawn_replica(spec.command, spec.log_path or os.devnull)
+        old, spec.pid = spec.pid, proc.pid
+        target.pids["replica"] = [p if p != old else proc.pid for p in target.pids["replica"]]
+        restarted.append({"url": spec.url, "old_pid": old, "pid": proc.pid})
+    if restarted:
+        write_target(path, target)
+    deadline = time.monotonic() + timeout_s
+    for item in restarted:
+        if not _wait_listening(item["url"], deadline):
+            raise RuntimeError(f"replica {item['url']} did not come back in {timeout_s} s")
+    return {"restarted": restarted, "t_ns": _now_ns()}
+
+
+def _ready(target: Target) -> bool:
+    if target.stack == "zerolayer":
+        return all(alive(s.pid) for s in target.replicas)
+    pids = live_pids(target)
+    return len(pids.get("engine", [])) >= target.engine_replicas and bool(pids["orchestrator"])
+
+
+def wait_ready(
+    timeout_s: float = LISTEN_TIMEOUT_S, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Rollback: wait until every engine replica (and the orchestrator) is alive and answering.
+
+    For the baseline this waits for Serve to replace what a fault took, then refreshes the
+    target file's pids; raises when the stack is not whole again within ``timeout_s``.
+    """
+    path = target_path(configuration)
+    target = load_target(configuration)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while not _ready(target) and time.monotonic() < deadline:
+        time.sleep(READY_POLL_S)
+    urls = [s.url for s in target.replicas] or [target.health_url]
+    healthy = _ready(target) and all(_wait_listening(u, deadline) for u in urls)
+    if not healthy:
+        raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
+    if target.stack == "baseline":
+        target.pids = live_pids(target)
+        write_target(path, target)
+    return {"ready": True, "waited_s": round(time.monotonic() - start, 3), "pids": target.pids}
+
+
+async def _pressure(
+    target: Target,
+    index: int,
+    requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    hold_s: float,
+    deadline_ms: int,
+) -> dict[str, Any]:
+    from bench.workload import make_prompt
+    from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
+    from zerolayer.engine.tokens import BYTES_PER_TOKEN
+
+    session = f"kv-pressure-{index}"
+    client: Any
+    if target.stack == "zerolayer":
+        url = target.replicas[index % len(target.replicas)].url
+        client = ZeroLayerClient([url], max_retries=0, health_interval_s=0)
+    else:
+        url = target.load_urls[0]
+        client = Http1Client(url)
+    outcomes: dict[str, int] = {}
+
+    async def one(i: int) -> None:
+        prompt = make_prompt(f"{session}-{i}", prompt_tokens * BYTES_PER_TOKEN)
+        code = "completed"
+        try:
+            async with client.stream(
+                prompt=prompt, max_tokens=max_tokens, session=session, deadline_ms=deadline_ms
+            ) as stream:
+                async for _ in stream:
+                    pass
+        except ZeroLayerError as exc:
+            code = exc.code
+        outcomes[code] = outcomes.get(code, 0) + 1
+
+    async with client:
+        tasks = [asyncio.create_task(one(i)) for i in range(requests)]
+        _, pending = await asyncio.wait(tasks, timeout=hold_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    outcomes["cancelled_at_end"] = len(pending)
+    return {"url": url, "session": session, "outcomes": outcomes}
+
+
+def kv_pressure(
+    index: int = 0,
+    requests: int = 32,
+    prompt_tokens: int = 1500,
+    max_tokens: int = 1024,
+    hold_s: float = 5.0,
+    deadline_ms: int = 30_000,
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """KV pressure: ``requests`` long requests pinned to one replica for ``hold_s``, then cut.
+
+    Zero-layer: straight to the ``index``-th replica (no retries elsewhere). Baseline: through
+    the front door with one session, which the consistent-hash router keeps on one replica.
+    What is still running after ``hold_s`` is cancelled, which frees its KV.
+    """
+    target = load_target(configuration)
+    t_ns = _now_ns()
+    result = asyncio.run(
+        _pressure(target, index, requests, prompt_tokens, max_tokens, hold_s, deadline_ms)
+    )
+    urls = [result["url"]] if target.stack == "zerolayer" else []
+    return {"fault": "kv_pressure", "role": target.engine_role, "urls": urls, "t_ns": t_ns,
+            "end_ns": _now_ns(), **result}  # fmt: skip

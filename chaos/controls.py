@@ -1,0 +1,288 @@
+"""Chaos Toolkit controls: background load and telemetry around every experiment.
+
+Declared in an experiment as ``{"name": "load", "provider": {"type": "python",
+"module": "chaos.controls"}}``. Before the experiment: the native loader starts profile D's load
+(profile A's requests, open loop) against the target in a background thread, the telemetry
+sampler starts, and both run for a warm-up so the first hypothesis has a full SLI window. The
+method and rollbacks are marked as phases (``fault``, ``recovery``) in ``phases.jsonl``. After
+the experiment (rollbacks included): a tail of load, then the load stops and every request still
+in flight ends as completed, error or lost, and telemetry stops.
+
+The load is bounded in time (``load_max_s``) and count (its schedule), and stops at the next
+arrival once asked to. Everything is configured through Chaos Toolkit ``configuration`` keys
+(set by ``chaos.runner``): ``target_file``, ``requests_path``, ``telemetry_path``,
+``phases_path``, ``sdk_health_path``, ``scale``, ``load_rate``, ``load_deadline_ms``,
+``load_max_s``, ``warmup_s``, ``tail_s``, ``health_interval_s``, ``health_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from bench.loaders.base import DEFAULT_GRACE_S, LoadResult
+from bench.loaders.native import client_sender, run_schedule
+from bench.profile import Profile, load_profile
+from bench.schema import JsonlWriter
+from bench.telemetry import Component, PhaseLog, ProcessSource, Sampler
+from bench.workload import PlannedRequest, build_schedule
+from chaos.actions import live_pids
+from chaos.targets import Target, load_target
+
+PROFILE: Final = "d_fault"
+STACK_ROLES: Final = {
+    "replica": "replica",
+    "engine": "engine",
+    "orchestrator": "orchestrator",
+    "proxy": "proxy",
+    "controller": "controller",
+}
+HEALTH_WATCH_S: Final = 0.02
+TELEMETRY_INTERVAL_S: Final = 0.25
+STOP_MARGIN_S: Final = 10.0
+
+
+class StoppableSchedule(Sequence[PlannedRequest]):
+    """A schedule whose iteration ends at the next arrival once :meth:`stop` is called.
+
+    The loader iterates the schedule to dispatch it, so stopping here ends the dispatch without
+    cancelling anything: requests already sent run to their end and get their record; requests
+    never dispatched are not part of the run.
+    """
+
+    def __init__(self, inner: Sequence[PlannedRequest]) -> None:
+        self.inner = inner
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> PlannedRequest:  # type: ignore[override]
+        return self.inner[i]
+
+    def __iter__(self) -> Iterator[PlannedRequest]:
+        for req in self.inner:
+            if self._stop.is_set():
+                return
+            yield req
+
+
+def chaos_profile(conf: dict[str, Any]) -> Profile:
+    """Profile D at the configured scale, with the chaos run's rate, deadline and time bound."""
+    base = load_profile(PROFILE, conf.get("scale", "smoke"))
+    rate = float(conf.get("load_rate", base.rate))
+    max_s = float(conf.get("load_max_s", 120.0))
+    deadline = int(conf.get("load_deadline_ms", base.classes[0].deadline_ms))
+    classes = tuple(dataclasses.replace(c, deadline_ms=deadline) for c in base.classes)
+    return dataclasses.replace(
+        base,
+        rate=rate,
+        duration_s=max_s,
+        max_requests=int(rate * max_s) + 1,
+        classes=classes,
+        fault=None,
+    )
+
+
+class BackgroundLoad:
+    """Profile D's open-loop load in its own thread and event loop, until :meth:`stop`.
+
+    In-flight requests are not capped (no wrk2-style connection bound): requests stuck on a
+    faulted replica must not hold back requests bound for healthy ones, or the loader's own
+    queue would show up as the fault's blast radius.
+
+    On the zero-layer stack it also records the SDK's view of each replica (up or down, with
+    the time it changed) to ``sdk_health_path``: that is when the SDK routes around a fault.
+    """
+
+    def __init__(self, target: Target, conf: dict[str, Any], experiment: str) -> None:
+        self.target = target
+        self.conf = conf
+        self.profile = chaos_profile(conf)
+        self.schedule = StoppableSchedule(build_schedule(self.profile, run_tag=experiment))
+        self.records_path = Path(conf["requests_path"])
+        health = conf.get("sdk_health_path")
+        self.health_path = Path(health) if health else None
+        self.result: LoadResult | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="chaos-load", daemon=True)
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> LoadResult | None:
+        """Stop dispatching and wait for every request in flight to end."""
+        self.schedule.stop()
+        deadline_s = self.profile.classes[0].deadline_ms / 1000 + DEFAULT_GRACE_S + STOP_MARGIN_S
+        self._thread.join(deadline_s)
+        if self._thread.is_alive():
+            raise RuntimeError(f"background load did not stop within {deadline_s} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _client(self) -> Any:
+        from zerolayer.client import Http1Client, ZeroLayerClient
+
+        grace_ms = int(DEFAULT_GRACE_S * 1000)
+        if self.target.protocol == "h2":
+            return ZeroLayerClient(
+                self.target.load_urls,
+                health_interval_s=float(self.conf.get("health_interval_s", 1.0)),
+                health_timeout_s=float(self.conf.get("health_timeout_s", 1.0)),
+                grace_ms=grace_ms,
+            )
+        return Http1Client(self.target.load_urls[0], grace_ms=grace_ms)
+
+    async def _watch_health(self, client: Any) -> None:
+        """Write every change of the SDK's up/down verdict per replica URL."""
+        if self.health_path is None or not hasattr(client, "replicas"):
+            return
+        state = {url: client.is_up(url) for url in client.replicas}
+        with JsonlWriter(self.health_path) as out:
+            for url, up in state.items():
+                out.write({"t_ns": time.time_ns(), "url": url, "up": up})
+            while True:
+                await asyncio.sleep(HEALTH_WATCH_S)
+                for url in client.replicas:
+                    up = client.is_up(url)
+                    if up != state[url]:
+                        state[url] = up
+                        out.write({"t_ns": time.time_ns(), "url": url, "up": up})
+
+    async def _run(self) -> None:
+        async with self._client() as client:
+            watcher = asyncio.create_task(self._watch_health(client))
+            try:
+                self.result = await run_schedule(
+                    self.schedule,
+                    client_sender(client),
+                    stack=self.target.stack,
+                    profile=PROFILE,
+                    records_path=self.records_path,
+                    grace_s=DEFAULT_GRACE_S,
+                    progress=None,
+                )
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported by stop() in the experiment's thread
+            self.error = exc
+        finally:
+            self._done.set()
+
+
+def components(target: Target) -> list[Component]:
+    """Every process of the stack by role, plus this process as the loader, for telemetry."""
+    out = [Component("loader", os.getpid(), "loader")]
+    for role, pids in live_pids(target).items():
+        kind = STACK_ROLES.get(role, "other")
+        out.extend(Component(f"{role}-{i}", pid, kind, target.stack) for i, pid in enumerate(pids))
+    return out
+
+
+@dataclasses.dataclass
+class _Running:
+    load: BackgroundLoad
+    sampler: Sampler | None
+    phases: PhaseLog | None
+
+
+_running: _Running | None = None
+
+
+def before_experiment_control(
+    context: dict[str, Any], configuration: dict[str, Any] | None = None, **_: Any
+) -> None:
+    """Start telemetry and the background load, then let the SLI window fill."""
+    global _running
+    conf = dict(configuration or {})
+    target = load_target(conf)
+    phases = PhaseLog(conf["phases_path"]) if conf.get("phases_path") else None
+    sampler = None
+    if conf.get("telemetry_path"):
+        source = ProcessSource(components(target))
+        sampler = Sampler([source], conf["telemetry_path"], TELEMETRY_INTERVAL_S, phases)
+        sampler.start()
+    title = str(context.get("title", "experiment"))
+    load = BackgroundLoad(target, conf, conf.get("experiment_tag", "x"))
+    _running = _Running(load, sampler, phases)
+    if phases is not None:
+        phases.begin("warmup", experiment=title)
+    load.start()
+    time.sleep(float(conf.get("warmup_s", 2.0)))
+    if phases is not None:
+        phases.begin("steady", experiment=title)
+
+
+def before_method_control(context: dict[str, Any], **_: Any) -> None:
+    if _running is not None and _running.phases is not None:
+        _running.phases.begin("fault")
+        _running.phases.fault("method", "start")
+
+
+def after_method_control(context: dict[str, Any], **_: Any) -> None:
+    if _running is not None and _running.phases is not None:
+        _running.phases.fault("method", "end")
+        _running.phases.begin("recovery")
+
+
+def after_experiment_control(
+    context: dict[str, Any],
+    state: dict[str, Any] | None = None,
+    configuration: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """After rollbacks: a tail of load, then stop load and telemetry (in that order)."""
+    global _running
+    running, _running = _running, None
+    if running is None:
+        return
+    if running.phases is not None:
+        running.phases.begin("tail")
+    try:
+        time.sleep(float((configuration or {}).get("tail_s", 1.0)))
+        result = running.load.stop()
+        if state is not None and result is not None:
+            state["zl_load"] = {
+                "requests": result.summary["num_requests"],
+                "completed": result.summary["completed"],
+                "errors": result.summary["errors"],
+                "lost": result.summary["lost"],
+                "errors_by_code": result.summary["errors_by_code"],
+            }
+    finally:
+        if running.sampler is not None:
+            running.sampler.stop()
+        if running.phases is not None:
+            running.phases.end()
+            running.phases.close()
+
+
+def cleanup_control() -> None:
+    """Chaos Toolkit's last call: never leave a load thread or sampler running."""
+    global _running
+    running, _running = _running, None
+    if running is None:
+        return
+    try:
+        running.load.stop()
+    finally:
+        if running.sampler is not None:
+            running.sampler.stop()
+        if running.phases is not None:
+            running.phases.close()

@@ -1,0 +1,97 @@
+"""The target file: how an experiment finds the stack it acts on.
+
+Whoever stands a stack up writes a small JSON file (stack name, the URLs load goes to, process
+ids by role, the zero-layer replicas' restart commands, the network proxy's control address);
+experiments read its path from Chaos Toolkit ``configuration["target_file"]``, so the same
+experiment JSON runs against either stack, started by our runner or by someone else.
+Roles: ``replica`` (zero-layer engine replica, one process each), ``engine`` (baseline engine
+replica actor), ``orchestrator`` (baseline ingress), ``proxy`` (Serve's HTTP proxy),
+``controller`` (Serve's controller).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+ENGINE_ROLES: Final = ("replica", "engine")
+"""The roles that run an engine: ``replica`` on the zero-layer stack, ``engine`` on the baseline."""
+
+
+@dataclass
+class ReplicaSpec:
+    """One zero-layer replica: where it listens, its process, and how to start it again."""
+
+    url: str
+    pid: int
+    port: int
+    command: list[str]
+    log_path: str = ""
+
+
+@dataclass
+class Target:
+    """A stack under test, as the chaos providers see it.
+
+    ``load_urls`` are what clients send to (zero-layer: every replica, one through the network
+    proxy; baseline: the front door, possibly through the proxy). ``pids`` maps a role to its
+    live processes at the time the file was written; ``replicas`` lets a killed zero-layer
+    replica be restarted on its port. ``netproxy`` is the proxy's control address
+    (``host:port``) and ``netproxy_front`` what it stands in front of.
+    """
+
+    stack: str
+    load_urls: list[str]
+    protocol: str
+    pids: dict[str, list[int]] = field(default_factory=dict)
+    replicas: list[ReplicaSpec] = field(default_factory=list)
+    netproxy: str = ""
+    netproxy_front: str = ""
+    netproxy_url: str = ""
+    health_url: str = ""
+    engine_replicas: int = 0
+
+    @property
+    def engine_role(self) -> str:
+        return "replica" if self.stack == "zerolayer" else "engine"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Target:
+        data = dict(data)
+        data["replicas"] = [ReplicaSpec(**r) for r in data.get("replicas", [])]
+        return cls(**data)
+
+
+def write_target(path: str | os.PathLike[str], target: Target) -> Path:
+    """Write atomically (rename), so a provider reading concurrently never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".target-", suffix=".json")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(orjson.dumps(target.to_dict(), option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)
+    return path
+
+
+def read_target(path: str | os.PathLike[str]) -> Target:
+    return Target.from_dict(orjson.loads(Path(path).read_bytes()))
+
+
+def target_path(configuration: dict[str, Any] | None) -> Path:
+    """The target file named in an experiment's configuration (or ``ZL_CHAOS_TARGET``)."""
+    value = (configuration or {}).get("target_file") or os.environ.get("ZL_CHAOS_TARGET")
+    if not value:
+        raise ValueError("no target file: set configuration.target_file or ZL_CHAOS_TARGET")
+    return Path(value)
+
+
+def load_target(configuration: dict[str, Any] | None) -> Target:
+    return read_target(target_path(configuration))

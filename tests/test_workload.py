@@ -1,0 +1,113 @@
+"""Profiles, seeded schedules, prompts and the capacity preflight."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.capacity import predict, preflight
+from bench.profile import PROFILES, SCALES, load_profile, resolve_name
+from bench.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
+from zerolayer.engine.tokens import count_prompt_tokens
+
+
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("scale", SCALES)
+def test_every_profile_loads_at_every_scale(name: str, scale: str) -> None:
+    p = load_profile(name, scale)
+    assert p.scale == scale and p.rate > 0 and p.duration_s > 0 and p.classes
+    assert p.max_requests >= 1
+
+
+def test_scales_grow_and_d_extends_a() -> None:
+    smoke, laptop, seed = (load_profile("a", s) for s in SCALES)
+    assert smoke.rate * smoke.duration_s < laptop.rate * laptop.duration_s
+    assert laptop.rate * laptop.duration_s < seed.rate * seed.duration_s
+    d = load_profile("D", "laptop")
+    assert d.classes == laptop.classes and d.rate == laptop.rate
+    assert d.fault is not None and d.fault.kind == "kill_orchestrator_replica"
+    assert load_profile("c", "seed").classes[2].prompt_bytes == 32000  # prompt_tokens * 4
+    assert resolve_name("b") == "b_high_concurrency"
+
+
+def test_bad_profiles_are_refused(tmp_path: Path) -> None:
+    base = (Path(__file__).parents[1] / "bench/profiles/a_latency.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base.replace("max_tokens = 128", "max_tokens = 128\nmax_tokns = 3"))
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_profile(bad, "smoke")
+    bad.write_text(base.replace('process = "constant"', 'process = "bursty"'))
+    with pytest.raises(ValueError, match="arrival process"):
+        load_profile(bad, "smoke")
+    bad.write_text(base.replace("rate = 8.0", "rate = -1.0"))
+    with pytest.raises(ValueError, match="positive"):
+        load_profile(bad, "smoke")
+    with pytest.raises(ValueError):
+        load_profile("a", "huge")
+
+
+def test_offsets_constant_poisson_gamma() -> None:
+    const = arrival_offsets("constant", 10.0, 5, seed=1)
+    assert const.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    a = arrival_offsets("poisson", 100.0, 20_000, seed=7)
+    assert np.array_equal(a, arrival_offsets("poisson", 100.0, 20_000, seed=7))
+    assert not np.array_equal(a, arrival_offsets("poisson", 100.0, 20_000, seed=8))
+    assert np.all(np.diff(a) >= 0) and a[0] == 0.0
+    assert 20_000 / a[-1] == pytest.approx(100.0, rel=0.03)
+    poisson_cv = np.diff(a).std() / np.diff(a).mean()
+    bursty = np.diff(arrival_offsets("gamma", 100.0, 20_000, seed=7, burstiness=0.25))
+    assert poisson_cv == pytest.approx(1.0, rel=0.05)
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)  # CV = 1/sqrt(k)
+
+
+def test_schedule_is_seeded_and_mixes_classes() -> None:
+    p = replace(load_profile("c", "laptop"), duration_s=200.0, max_requests=10**6)
+    one, two = build_schedule(p), build_schedule(p)
+    assert len(one) == len(two) > 2000
+    assert [r.request_class for r in one] == [r.request_class for r in two]
+    assert [r.session for r in one][:50] == [r.session for r in two][:50]
+    assert one[5] == two[5]
+    share = Counter(r.request_class for r in one)
+    assert share["small"] / len(one) == pytest.approx(0.3, abs=0.03)
+    assert share["medium"] / len(one) == pytest.approx(0.5, abs=0.03)
+    assert share["large"] / len(one) == pytest.approx(0.2, abs=0.03)
+    other = build_schedule(replace(p, seed=1))
+    assert [r.request_class for r in other][:200] != [r.request_class for r in one][:200]
+    assert all(r.offset_s < p.duration_s for r in one)
+
+
+def test_prompts_have_exact_bytes_and_tokens() -> None:
+    for size in (1, 7, 1000, 4000, 512_000):
+        text = make_prompt("a0000012", size)
+        assert len(text.encode()) == size
+    assert make_prompt("x1", 1000) != make_prompt("x2", 1000)
+    sched = build_schedule(load_profile("c", "smoke"))
+    assert all(check_prompt(r) for r in sched)
+    body = sched[0].body()
+    assert body["stream"] is True and body["max_tokens"] == sched[0].max_tokens
+    assert count_prompt_tokens(str(body["prompt"])) == sched[0].prompt_tokens
+
+
+def test_capacity_preflight_scales_and_warns() -> None:
+    a = load_profile("a", "laptop")
+    one = predict(a, replicas=1)
+    two = predict(a, replicas=2)
+    assert one.requests_per_s > a.rate  # the laptop scale is not an overload
+    assert two.requests_per_s == pytest.approx(2 * one.requests_per_s)
+    assert one.multiple == pytest.approx(a.rate / one.requests_per_s)
+    assert one.output_tokens_per_s == pytest.approx(one.requests_per_s * 128)
+    # Longer prompts and outputs cost more per request.
+    assert predict(load_profile("b", "laptop")).requests_per_s < one.requests_per_s
+    out = io.StringIO()
+    cap = preflight(load_profile("a", "seed"), stream=out)
+    text = out.getvalue()
+    assert cap.overloaded and "WARNING" in text and f"{cap.multiple:.2f}x" in text
+    quiet = io.StringIO()
+    preflight(a, stream=quiet)
+    assert "WARNING" not in quiet.getvalue() and "0." in quiet.getvalue()
+    assert predict(a, engine="null").multiple == 0.0
