@@ -1,0 +1,1 @@
+"""Baseline stacks the zero-layer stack is compared against (today: Ray Serve)."""

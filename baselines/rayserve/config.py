@@ -1,0 +1,179 @@
+"""Baseline settings: one dataclass, turned into Serve options and recorded in the run metadata.
+
+Everything that changes the baseline's latency lives here, so a run's ``metadata`` says exactly
+how the middle layer was configured.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+from zerolayer.engine import SimConfig
+
+CONSISTENT_HASH_ROUTER: Final = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+POW2_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+APP_NAME: Final = "zl-baseline"
+INGRESS_NAME: Final = "Orchestrator"
+ENGINE_NAME: Final = "EngineReplica"
+
+RouterName = Literal["consistent_hash", "pow2"]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBudget:
+    """A token bucket: ``rate`` tokens per second refill, at most ``burst`` tokens banked."""
+
+    rate: float
+    burst: float
+
+
+@dataclass
+class BaselineConfig:
+    """How the baseline is stood up; defaults are the fair settings DESIGN.md asks for."""
+
+    engine: str = "sim"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 2
+    router: RouterName = "consistent_hash"
+    virtual_nodes: int = 100
+    fallback_replicas: int = 2
+    health_check_period_s: float = 1.0
+    health_check_timeout_s: float = 5.0
+    graceful_shutdown_timeout_s: float = 5.0
+    engine_max_ongoing_requests: int | None = None
+    ingress_replicas: int = 1
+    ingress_max_ongoing_requests: int = 4096
+    max_inflight: int | None = None
+    max_queue: int | None = None
+    default_budget: TenantBudget = field(default_factory=lambda: TenantBudget(1e9, 1e9))
+    tenant_budgets: dict[str, TenantBudget] = field(default_factory=dict)
+    max_retries: int = 3
+    retry_backoff_s: float = 0.05
+    max_body_bytes: int = 8 * 1024 * 1024
+    proxy_location: str = "HeadOnly"
+    throughput_optimized: bool | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self) -> None:
+        if self.router not in ("consistent_hash", "pow2"):
+            raise ValueError(f"router must be consistent_hash or pow2, got {self.router!r}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+
+    @property
+    def engine_max_seqs(self) -> int:
+        """The engine's own concurrency limit, which sizes ``max_ongoing_requests``."""
+        if self.engine == "sim":
+            return SimConfig(**self.engine_options).max_num_seqs
+        return 1024
+
+    @property
+    def engine_ongoing(self) -> int:
+        """Serve's per-replica limit: the engine's ``max_num_seqs`` unless set explicitly."""
+        return self.engine_max_ongoing_requests or self.engine_max_seqs
+
+    @property
+    def inflight_limit(self) -> int:
+        """Requests the ingress lets through to the engines at once (the FIFO's exit)."""
+        return self.max_inflight or self.replicas * self.engine_ongoing
+
+    @property
+    def queue_limit(self) -> int:
+        """Requests the ingress holds in its FIFO before refusing with ``queue_full``."""
+        return self.max_queue if self.max_queue is not None else 2 * self.inflight_limit
+
+    def router_class(self) -> str:
+        return CONSISTENT_HASH_ROUTER if self.router == "consistent_hash" else POW2_ROUTER
+
+    def router_kwargs(self) -> dict[str, Any]:
+        """The installed ConsistentHashRouter names its kwargs ``num_virtual_nodes`` and
+        ``num_fallback_replicas`` (DESIGN.md calls them virtual_nodes, fallback_replicas)."""
+        if self.router == "consistent_hash":
+            return {
+                "num_virtual_nodes": self.virtual_nodes,
+                "num_fallback_replicas": self.fallback_replicas,
+            }
+        return {}
+
+    def ingress_settings(self) -> dict[str, Any]:
+        """What the ingress replica needs to do its job (plain data: it crosses to Ray)."""
+        return {
+            "inflight_limit": self.inflight_limit,
+            "queue_limit": self.queue_limit,
+            "default_budget": asdict(self.default_budget),
+            "tenant_budgets": {k: asdict(v) for k, v in self.tenant_budgets.items()},
+            "max_retries": self.max_retries,
+            "retry_backoff_s": self.retry_backoff_s,
+            "max_body_bytes": self.max_body_bytes,
+            "model": f"zl-{self.engine}",
+            "router": self.router,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        """Every Serve setting that affects latency, for the run's metadata."""
+        import ray
+
+        return {
+            "stack": "rayserve",
+            "ray_version": ray.__version__,
+            "serve_version": ray.__version__,
+            "engine": self.engine,
+            "engine_options": dict(self.engine_options),
+            "engine_replicas": self.replicas,
+            "ingress_replicas": self.ingress_replicas,
+            "proxy_location": self.proxy_location,
+            "http_host": self.host,
+            "http_port": self.port,
+            "engine_max_ongoing_requests": self.engine_ongoing,
+            "ingress_max_ongoing_requests": self.ingress_max_ongoing_requests,
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "engine_num_cpus": 0,
+            "ingress_num_cpus": 0,
+            "router": self.router,
+            "router_class": self.router_class(),
+            "router_kwargs": self.router_kwargs(),
+            "router_implementation": (
+                "serve.experimental ConsistentHashRouter (mmh3 ring)"
+                if self.router == "consistent_hash"
+                else "serve default PowerOfTwoChoicesRequestRouter"
+            ),
+            "session_routing": "handle.options(session_id=zl-session)",
+            "ingress": self.ingress_settings(),
+            "throughput_optimized_requested": self.throughput_optimized,
+            "serve_env": serve_env_flags(),
+            "serve_constants": serve_constants(),
+        }
+
+
+SERVE_CONSTANTS: Final = (
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED",
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP",
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT",
+    "RAY_SERVE_PROXY_USE_GRPC",
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE",
+    "RAY_SERVE_LOG_TO_STDERR",
+    "RAY_SERVE_FREEZE_GC_ON_STARTUP",
+    "RAY_SERVE_HTTP_KEEP_ALIVE_TIMEOUT_S",
+    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING",
+    "RAY_SERVE_SESSION_ID_HEADER_KEY",
+    "SERVE_SESSION_ID",
+)
+
+
+def serve_constants() -> dict[str, Any]:
+    """The Serve flags in effect in this process (the ingress replica reports its own)."""
+    from ray.serve._private import constants
+
+    return {name: getattr(constants, name) for name in SERVE_CONSTANTS if hasattr(constants, name)}
+
+
+def serve_env_flags() -> dict[str, str]:
+    """The ``RAY_SERVE_*`` variables set in this environment (the throughput flags among them)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_")}

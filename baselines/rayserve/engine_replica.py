@@ -1,0 +1,57 @@
+"""The engine-replica deployment: the same engine the zero-layer replica runs, behind Serve.
+
+Chunks cross the actor boundary as plain tuples (cheap to serialise); engine errors travel as a
+final error item rather than as exceptions, so the ingress can tell "the engine refused" from
+"the replica died" (only the second is worth retrying elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from zerolayer.engine import EngineError, EngineRequest, make_engine
+
+Chunk = tuple[str, int, str | None, int, int]
+"""(text, number of token ids, finish_reason, prompt_tokens, completion_tokens)."""
+ErrorItem = tuple[str, str]
+"""(engine error code, message)."""
+
+
+class EngineReplica:
+    """Wraps ``make_engine(name, **options)``; one engine per replica process."""
+
+    def __init__(self, engine: str, engine_options: dict[str, Any]) -> None:
+        self.engine = make_engine(engine, **engine_options)
+        self.closed = False
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[Chunk | ErrorItem]:
+        """Stream one request's chunks; cancellation (client gone) aborts it in the engine."""
+        try:
+            async for chunk in self.engine.generate(EngineRequest(**request)):
+                yield (
+                    chunk.text,
+                    len(chunk.token_ids),
+                    chunk.finish_reason,
+                    chunk.prompt_tokens,
+                    chunk.completion_tokens,
+                )
+        except EngineError as exc:
+            yield (exc.code, str(exc))
+
+    def check_health(self) -> None:
+        """Serve calls this every ``health_check_period_s``; a failure replaces the replica."""
+        if self.closed:
+            raise RuntimeError("engine closed")
+        self.engine.stats()
+
+    async def __del__(self) -> None:
+        self.closed = True
+        await self.engine.close()
+
+
+def engine_deployment() -> serve.Deployment:
+    """The undecorated class as a Serve deployment (options are applied by the stand-up)."""
+    return serve.deployment(EngineReplica, name="EngineReplica")

@@ -1,0 +1,310 @@
+"""The orchestrator ingress deployment: the per-request work of a production middle layer.
+
+Per request: parse and validate the header contract and the OpenAI body, charge the tenant's
+token budget, wait in a bounded FIFO, route to an engine replica by ``zl-session`` (Serve's
+router picks the replica), retry before the first token with jittered backoff, stream SSE back,
+and write one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from baselines.rayserve.admission import FifoGate, TokenBuckets
+from zerolayer.contract import (
+    DEADLINE_EXCEEDED,
+    ENGINE_DOWN,
+    ERRORS,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    PAYLOAD_TOO_LARGE,
+    REQUEST_ID,
+    UPSTREAM_FAILED,
+    ContractError,
+    ErrorCode,
+    RequestMeta,
+    error_body,
+    error_headers,
+    parse_headers,
+)
+from zerolayer.server.openai import (
+    CHAT,
+    COMPLETIONS,
+    Body,
+    Framer,
+    error_event,
+    models_body,
+    parse_body,
+    usage,
+)
+
+PATHS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
+ATTEMPTS: Final = "zl-attempts"
+RETRYABLE: Final = (RayActorError, BackPressureError, DeploymentUnavailableError)
+SSE_HEADERS: Final = {"cache-control": "no-cache"}
+log = logging.getLogger("ray.serve")
+
+
+def error_response(exc: ContractError, request_id: str) -> Response:
+    """The contract's error response: status, ``zl-error``, maybe ``retry-after-ms``, JSON."""
+    headers = {k: v for k, v in error_headers(exc.error, exc.retry_after_ms) if k[0] != ":"}
+    headers[REQUEST_ID] = request_id
+    return Response(error_body(exc.error, exc.message), exc.error.status, headers)
+
+
+class _Attempt:
+    """One routed call to the engines: its stream and its first item, fetched with retries."""
+
+    __slots__ = ("attempts", "first", "stream")
+
+    def __init__(self, stream: DeploymentResponseGenerator, first: tuple, attempts: int) -> None:
+        self.stream = stream
+        self.first = first
+        self.attempts = attempts
+
+
+class _Outcome:
+    """What one response carried, for the non-streaming body and the log line."""
+
+    __slots__ = ("failure", "finish", "text", "usage")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.finish = "abort"
+        self.usage: dict[str, int] = usage(0, 0)
+        self.failure: ContractError | None = None
+
+
+class Orchestrator:
+    """The ingress deployment's class (see module docstring)."""
+
+    def __init__(self, engine: DeploymentHandle, settings: dict[str, Any]) -> None:
+        self.engine = engine
+        self.model: str = settings["model"]
+        self.max_retries: int = settings["max_retries"]
+        self.backoff_s: float = settings["retry_backoff_s"]
+        self.max_body: int = settings["max_body_bytes"]
+        budget = settings["default_budget"]
+        self.budgets = TokenBuckets(
+            (budget["rate"], budget["burst"]),
+            {t: (b["rate"], b["burst"]) for t, b in settings["tenant_budgets"].items()},
+        )
+        self.gate = FifoGate(settings["inflight_limit"], settings["queue_limit"])
+
+    async def __call__(self, request: Request) -> Response:
+        start = time.monotonic()
+        request_id = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        path = request.url.path
+        try:
+            kind = PATHS.get(path)
+            if kind is not None:
+                if request.method != "POST":
+                    raise ContractError(METHOD_NOT_ALLOWED, f"{path} takes POST")
+                return await self._complete(request, kind, request_id, start)
+            if request.method != "GET":
+                raise ContractError(METHOD_NOT_ALLOWED, f"{path} takes GET")
+            if path == "/v1/models":
+                return Response(models_body(self.model), 200, media_type="application/json")
+            if path == "/health":
+                return Response(
+                    b'{"status":"ok","inflight":%d,"queued":%d}'
+                    % (self.gate.inflight, self.gate.queued),
+                    200,
+                    media_type="application/json",
+                )
+            raise ContractError(NOT_FOUND, f"no route {path}")
+        except ContractError as exc:
+            self._log(request_id, path, None, exc.error.status, exc.error.code, start, None, 0, 0)
+            return error_response(exc, request_id)
+
+    async def _complete(
+        self, request: Request, kind: str, request_id: str, start: float
+    ) -> Response:
+        meta = parse_headers(request.headers.items())
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise ContractError(PAYLOAD_TOO_LARGE, f"body over {self.max_body} bytes")
+        raw = await request.body()
+        if len(raw) > self.max_body:
+            raise ContractError(PAYLOAD_TOO_LARGE, f"body over {self.max_body} bytes")
+        body = parse_body(kind, raw, meta)
+        self.budgets.take(meta.tenant, body.prompt_tokens + body.max_tokens, time.monotonic())
+        deadline = start + meta.deadline_ms / 1000
+        await self.gate.acquire(max(0.0, deadline - time.monotonic()))
+        slot_at = time.monotonic()
+        try:
+            attempt = await self._open(body, meta, request_id, deadline)
+        except BaseException:
+            self.gate.release(time.monotonic() - slot_at)
+            raise
+        framer = Framer(kind, request_id, body.model or self.model, body.include_usage)
+        outcome = _Outcome()
+        events = self._events(attempt, framer, outcome, meta, request_id, start, slot_at, deadline)
+        headers = {REQUEST_ID: request_id, ATTEMPTS: str(attempt.attempts)}
+        if body.stream:
+            return StreamingResponse(
+                events, 200, {**SSE_HEADERS, **headers}, media_type="text/event-stream"
+            )
+        async for _ in events:
+            pass
+        if outcome.failure is not None:
+            return error_response(outcome.failure, request_id)
+        return Response(
+            framer.body("".join(outcome.text), outcome.finish, outcome.usage),
+            200,
+            headers,
+            media_type="application/json",
+        )
+
+    async def _open(
+        self, body: Body, meta: RequestMeta, request_id: str, deadline: float
+    ) -> _Attempt:
+        """Route and fetch the first item; retry replica failures (never after a first token)."""
+        payload = {
+            "request_id": request_id,
+            "prompt_tokens": body.prompt_tokens,
+            "max_tokens": body.max_tokens,
+            "seed": body.seed,
+            "priority": meta.priority,
+        }
+        handle = self.engine.options(stream=True, session_id=meta.session or request_id)
+        last: BaseException | None = None
+        for attempt in range(1, self.max_retries + 2):
+            stream = handle.generate.remote(payload)
+            try:
+                first = await asyncio.wait_for(stream.__anext__(), deadline - time.monotonic())
+            except TimeoutError:
+                stream.cancel()
+                raise ContractError(
+                    DEADLINE_EXCEEDED, "deadline passed before the first token"
+                ) from None
+            except RETRYABLE as exc:
+                last = exc
+                delay = self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+                if time.monotonic() + delay >= deadline:
+                    break
+                await asyncio.sleep(delay)
+                continue
+            if len(first) == 2:
+                code, message = first
+                raise ContractError(ERRORS.get(code, UPSTREAM_FAILED), message)
+            return _Attempt(stream, first, attempt)
+        raise ContractError(
+            ENGINE_DOWN,
+            f"no engine replica answered after {self.max_retries + 1} tries: {last!r}",
+            retry_after_ms=1000,
+        )
+
+    async def _events(
+        self,
+        attempt: _Attempt,
+        framer: Framer,
+        outcome: _Outcome,
+        meta: RequestMeta,
+        request_id: str,
+        start: float,
+        slot_at: float,
+        deadline: float,
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of one request; releases its FIFO slot and logs when it ends."""
+        ttft = time.monotonic() - start
+        item = attempt.first
+        first = True
+        try:
+            while True:
+                text, _, finish, prompt_tokens, completion_tokens = item
+                outcome.text.append(text)
+                outcome.usage = usage(prompt_tokens, completion_tokens)
+                if finish is not None:
+                    outcome.finish = finish
+                    yield framer.last_event(text, first, finish, outcome.usage)
+                    return
+                yield framer.event(text, first)
+                first = False
+                item = await self._next(attempt, deadline, outcome)
+                if outcome.failure is not None:
+                    failure = outcome.failure
+                    yield error_event(failure.error, failure.message)
+                    return
+        finally:
+            attempt.stream.cancel()
+            self.gate.release(time.monotonic() - slot_at)
+            failure = outcome.failure
+            self._log(
+                request_id,
+                CHAT if framer.chat else COMPLETIONS,
+                meta,
+                200 if failure is None else failure.error.status,
+                "ok" if failure is None else failure.error.code,
+                start,
+                ttft,
+                outcome.usage["completion_tokens"],
+                attempt.attempts,
+            )
+
+    @staticmethod
+    async def _next(attempt: _Attempt, deadline: float, outcome: _Outcome) -> tuple:
+        """The next engine item; a failure after the first token is recorded, never retried."""
+        error: ErrorCode
+        try:
+            item = await asyncio.wait_for(attempt.stream.__anext__(), deadline - time.monotonic())
+        except TimeoutError:
+            error, message = DEADLINE_EXCEEDED, "deadline passed mid-stream"
+        except RETRYABLE as exc:
+            error, message = ENGINE_DOWN, f"engine replica lost mid-stream: {exc!r}"
+        except StopAsyncIteration:
+            error, message = UPSTREAM_FAILED, "engine stream ended without a finish reason"
+        else:
+            if len(item) == 5:
+                return item
+            error, message = ERRORS.get(item[0], UPSTREAM_FAILED), item[1]
+        outcome.failure = ContractError(error, message)
+        return ()
+
+    def _log(
+        self,
+        request_id: str,
+        path: str,
+        meta: RequestMeta | None,
+        status: int,
+        code: str,
+        start: float,
+        ttft: float | None,
+        tokens: int,
+        attempts: int,
+    ) -> None:
+        """One line per request, the access log every production gateway writes."""
+        log.info(
+            "zl-request id=%s path=%s tenant=%s session=%s status=%d code=%s ttft_ms=%s "
+            "e2e_ms=%.2f tokens=%d attempts=%d inflight=%d queued=%d",
+            request_id,
+            path,
+            meta.tenant if meta else "-",
+            meta.session if meta else "-",
+            status,
+            code,
+            f"{ttft * 1000:.2f}" if ttft is not None else "-",
+            (time.monotonic() - start) * 1000,
+            tokens,
+            attempts,
+            self.gate.inflight,
+            self.gate.queued,
+        )
+
+
+def ingress_deployment() -> serve.Deployment:
+    """The undecorated class as a Serve deployment (options are applied by the stand-up)."""
+    return serve.deployment(Orchestrator, name="Orchestrator")

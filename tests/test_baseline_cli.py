@@ -1,0 +1,84 @@
+"""``zl-baseline`` as deployed: start it in its own process, use it, SIGINT it, and check that no
+Ray process outlives it. Also covers the null engine and the power-of-two-choices router.
+Takes about 20 s per signal on 2 cores (one Ray start and stop each)."""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import subprocess
+import sys
+import threading
+
+import orjson
+import psutil
+import pytest
+
+from baselines.rayserve.standup import free_port
+
+START_TIMEOUT_S = 120.0
+
+
+def _post(port: int, session: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        body = orjson.dumps({"prompt": "cli", "max_tokens": 5, "stream": True})
+        conn.request("POST", "/v1/completions", body=body, headers={"zl-session": session})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("stop_signal", "throughput_optimized"), [(signal.SIGINT, False), (signal.SIGTERM, True)]
+)
+def test_cli_serves_then_stops_leaving_no_ray_process(
+    stop_signal: signal.Signals, throughput_optimized: bool
+) -> None:
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "baselines.rayserve.cli", "--engine", "null", "--replicas", "2",
+        "--port", str(port), "--router", "pow2", "--metadata",
+    ] + (["--throughput-optimized"] if throughput_optimized else [])  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "zl-baseline listening on" in line:
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    family: list[psutil.Process] = []
+    try:
+        assert ready.wait(START_TIMEOUT_S), "zl-baseline did not start"
+        assert f"zl-baseline listening on http://127.0.0.1:{port}" in lines[-1], lines[-3:]
+        metadata = orjson.loads(lines[-2])
+        assert metadata["router"] == "pow2" and metadata["engine"] == "null"
+        flags = metadata["serve_constants"]
+        assert flags["RAY_SERVE_THROUGHPUT_OPTIMIZED"] is throughput_optimized
+        assert flags["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] is not throughput_optimized
+        for i in range(4):
+            status, body = _post(port, f"cli-{i}")
+            assert status == 200 and body.endswith(b"data: [DONE]\n\n"), (status, body[-200:])
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert any("raylet" in p.name() for p in family)
+        proc.send_signal(stop_signal)
+        assert proc.wait(60) == 0
+        reader.join(10)  # the last lines may still be in the pipe when the process is gone
+        assert "zl-baseline stopped" in "".join(lines), lines[-3:]
+        _, alive = psutil.wait_procs(family, timeout=5)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for leftover in family:
+            if leftover.is_running():
+                leftover.kill()
