@@ -130,7 +130,8 @@ def _chaos_faults(chaos_dir: Path, stacks: list[str]) -> list[Fault]:
 
 def _records(path: Path) -> dict[tuple[str, str], list[schema.RequestRecord]]:
     out: dict[tuple[str, str], list[schema.RequestRecord]] = {}
-    for file in sorted(path.glob("requests-*.jsonl")):
+    chaos_logs = (path / schema.CHAOS_DIR).glob("requests-*.jsonl")
+    for file in sorted([*path.glob("requests-*.jsonl"), *chaos_logs]):
         recs = schema.read_requests(file)
         if recs:
             key = (recs[0].stack, recs[0].profile)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 METRICS_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 KV_PRESSURE_FROM: Final = 0.8
+ALLOCATOR_METRICS: Final = {
+    "inactive_split_bytes": "zl_allocator_inactive_split_bytes",
+    "reserved_bytes": "zl_allocator_reserved_bytes",
+}
 
 
 def health(replica: Replica) -> dict[str, object]:
@@ -93,9 +97,21 @@ def metrics_text(replica: Replica) -> bytes:
         "# HELP zl_draining 1 while the replica drains.",
         "# TYPE zl_draining gauge",
         f"zl_draining {int(replica.draining)}",
-        "# HELP zl_kv_waste KV internal fragmentation: 1 - live tokens / used block capacity.",
-        "# TYPE zl_kv_waste gauge",
-        f"zl_kv_waste {stats.kv_waste}",
+        "# HELP zl_kv_waste_ratio KV internal fragmentation: 1 - live tokens / used capacity.",
+        "# TYPE zl_kv_waste_ratio gauge",
+        f"zl_kv_waste_ratio {stats.kv_waste}",
+        "# HELP zl_kv_live_tokens Tokens held in the KV cache.",
+        "# TYPE zl_kv_live_tokens gauge",
+        f"zl_kv_live_tokens {stats.live_tokens}",
+        "# HELP zl_kv_blocks_used KV blocks in use.",
+        "# TYPE zl_kv_blocks_used gauge",
+        f"zl_kv_blocks_used {stats.kv_blocks_used}",
+        "# HELP zl_kv_blocks_total KV blocks the engine has.",
+        "# TYPE zl_kv_blocks_total gauge",
+        f"zl_kv_blocks_total {stats.kv_blocks_total}",
+        "# HELP zl_engine_busy_seconds_total Time the engine spent running steps.",
+        "# TYPE zl_engine_busy_seconds_total counter",
+        f"zl_engine_busy_seconds_total {stats.busy_time_s}",
         "# HELP zl_refusals_total Requests answered with an error before any output, by code.",
         "# TYPE zl_refusals_total counter",
     ]
@@ -112,6 +128,9 @@ def metrics_text(replica: Replica) -> bytes:
     lines += [
         f'zl_requests_total{{outcome="{o}"}} {n}' for o, n in sorted(replica.outcomes.items())
     ]
+    for key, name in ALLOCATOR_METRICS.items():
+        if key in stats.allocator:
+            lines += [f"# TYPE {name} gauge", f"{name} {stats.allocator[key]}"]
     lines += [
         "# HELP zl_accounting_dropped_total Accounting rows lost to a full ring buffer.",
         "# TYPE zl_accounting_dropped_total counter",

@@ -1,0 +1,110 @@
+"""``zl-bench run`` end to end, as ``nox -s bench -- --scale smoke`` runs it; and SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench import schema
+
+BENCH = [sys.executable, "-m", "bench.cli", "run"]
+SMOKE_LIMIT_S = 600
+
+
+def _run_dir(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*BENCH, "--scale", "smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_LIMIT_S,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"smoke bench took {elapsed:.0f} s")
+    run = _run_dir(tmp_path)
+    meta = orjson.loads((run / schema.RUN_META).read_bytes())
+    assert meta["complete"] is True
+    summary = orjson.loads((run / schema.SUMMARY).read_bytes())
+    pairs = {(row["stack"], row["profile"]) for row in summary}
+    profiles = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+    assert pairs == {(s, p) for s in ("zerolayer", "baseline") for p in profiles}
+    for row in summary:
+        assert row["num_requests"] > 0, row["profile"]
+        assert row["lost"] == 0, (row["stack"], row["profile"])
+        assert row["completed"] + row["errors"] == row["num_requests"]
+    recovery = orjson.loads((run / schema.CHAOS_DIR / "recovery.json").read_bytes())
+    assert {r["stack"] for r in recovery} == {"zerolayer", "baseline"}
+    assert all(r["lost"] == 0 and r["rollbacks_ok"] for r in recovery)
+    html = (run / schema.REPORT).read_text()
+    assert "Recovery (profile D" in html and "Seed-study claims" in html
+    assert len(list((run / schema.PLOTS_DIR).glob("*.png"))) >= 6
+    assert "capacity preflight" in proc.stdout and "offered load" in proc.stdout
+
+
+def test_sigint_mid_profile_leaves_a_renderable_incomplete_run(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            *BENCH,
+            "--scale",
+            "laptop",
+            "--profiles",
+            "a_latency",
+            "--stacks",
+            "zerolayer",
+            "--replicas",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        records: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            records = list(tmp_path.glob("*/requests-zerolayer-a_latency.jsonl"))
+            if records and records[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        assert records and records[0].stat().st_size > 0, "no request was recorded"
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    run = _run_dir(tmp_path)
+    meta = orjson.loads((run / schema.RUN_META).read_bytes())
+    assert meta["complete"] is False and "SIGINT" in meta["incomplete_reason"]
+    kept = schema.read_requests(run / "requests-zerolayer-a_latency.jsonl")
+    assert kept, "the records measured before SIGINT were lost"
+    (run / schema.REPORT).unlink()
+    rendered = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "report", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    assert "Incomplete run" in (run / schema.REPORT).read_text()
