@@ -45,6 +45,8 @@ from zerolayer.engine import SimConfig
 
 SCALES = ("smoke", "laptop", "seed")
 DEFAULT_PROFILES = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+STATS_DIR = "engine-stats"
+STATS_WAIT_S = 10.0
 PACKAGES = ("h2", "h11", "uvloop", "ray", "chaostoolkit-lib", "locust", "k6", "numpy")
 
 
@@ -155,7 +157,7 @@ class RunDir:
         self.save()
 
 
-def _stand_up(name: str, config: RunConfig) -> StackHandle:
+def _stand_up(name: str, config: RunConfig, stats_dir: Path) -> StackHandle:
     if name == "zerolayer":
         if config.zerolayer_urls:
             return external(name, config.zerolayer_urls)
@@ -163,18 +165,35 @@ def _stand_up(name: str, config: RunConfig) -> StackHandle:
     if config.baseline_url:
         return external(name, [config.baseline_url])
     return start_baseline_stack(
-        config.replicas, config.engine, config.engine_options, config.ray_address
+        config.replicas,
+        config.engine,
+        config.engine_options,
+        config.ray_address,
+        stats_dir=stats_dir,
     )
 
 
-def _watch(stack: StackHandle, engines: EngineSource, procs: ProcessSource) -> None:
+def _watch(
+    stack: StackHandle,
+    engines: EngineSource,
+    procs: ProcessSource,
+    config: RunConfig,
+    stats_dir: Path,
+) -> None:
     """Register a stack's replicas and processes with the telemetry sources."""
     if stack.name == "zerolayer":
         for i, url in enumerate(stack.urls):
             engines.add(EngineTarget.metrics(f"zl-{i}", stack.name, f"{url}/metrics"))
-    else:
-        for url in stack.urls:
-            engines.add(EngineTarget.health("baseline", stack.name, f"{url}/health"))
+    elif stack.baseline is not None:
+        deadline = time.monotonic() + STATS_WAIT_S
+        files: list[Path] = []
+        while len(files) < config.replicas and time.monotonic() < deadline:
+            time.sleep(0.2)
+            files = sorted(stats_dir.glob("engine-stats-*.jsonl"))
+        if len(files) < config.replicas:
+            _say(f"baseline: only {len(files)} of {config.replicas} engine replicas publish stats")
+        for i, path in enumerate(files):
+            engines.add(EngineTarget.stats_file(f"serve-{i}", stack.name, path))
     roles = {
         "replica": "replica",
         "proxy": "proxy",
@@ -325,10 +344,10 @@ def run(config: RunConfig) -> int:
         for name in config.stacks:
             _say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
             with ExitStack() as stack_scope:
-                stack = stack_scope.enter_context(_stand_up(name, config))
+                stack = stack_scope.enter_context(_stand_up(name, config, run.path / STATS_DIR))
                 run.meta["stacks"][name] = {**stack.metadata, "urls": stack.urls}
                 run.save()
-                _watch(stack, engines, procs)
+                _watch(stack, engines, procs, config, run.path / STATS_DIR)
                 for profile in profiles:
                     if profile.fault is not None:
                         continue

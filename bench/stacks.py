@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import orjson
@@ -44,12 +45,15 @@ class ReplicaProcess:
         port: int = 0,
         name: str | None = None,
         extra_args: Sequence[str] = (),
+        tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.options = dict(options or {})
         self.name = name
         self.extra_args = list(extra_args)
+        if tls is not None:
+            self.extra_args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         self.ready_timeout_s = ready_timeout_s
         self.url = ""
         self.output: list[str] = []
@@ -112,6 +116,13 @@ class ReplicaProcess:
         if self.alive():
             os.kill(self.pid, sig)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets but answers nothing (a hung pod)."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL, like a crashed pod."""
         if self.proc is not None and self.proc.poll() is None:
@@ -136,6 +147,12 @@ class ReplicaProcess:
         port = self.port
         self.stop()
         self._start(port)
+
+    def __enter__(self) -> ReplicaProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 @dataclass
@@ -199,15 +216,22 @@ def start_baseline_stack(
     engine: str = "sim",
     engine_options: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
+    stats_dir: str | os.PathLike[str] | None = None,
 ) -> StackHandle:
-    """Deploy the Ray Serve baseline (or attach to a cluster) over the same engine config."""
+    """Deploy the Ray Serve baseline (or attach to a cluster) over the same engine config.
+
+    With ``stats_dir`` each engine replica publishes its stats there (one JSONL per replica).
+    """
     from baselines.rayserve.standup import start_baseline
 
+    if stats_dir is not None:
+        Path(stats_dir).mkdir(parents=True, exist_ok=True)
     handle = start_baseline(
         engine=engine,
         replicas=replicas,
         engine_options=dict(engine_options or {}),
         ray_address=ray_address,
+        stats_dir=None if stats_dir is None else str(stats_dir),
     )
     return StackHandle(
         name="baseline",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
@@ -23,11 +22,11 @@ from typing import Any, Final
 
 import psutil
 
+from bench.stacks import LISTENING, engine_args
 from chaos.actions import alive, spawn_replica
 from chaos.netproxy import NetProxy
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
 
-LISTENING: Final = re.compile(r"zl-replica listening on (http://[\w.:]+)")
 START_TIMEOUT_S: Final = 30.0
 STOP_TIMEOUT_S: Final = 10.0
 
@@ -40,13 +39,9 @@ def _free_port() -> int:
 
 def replica_command(port: int, name: str, engine: str, options: dict[str, Any]) -> list[str]:
     """``python -m zerolayer.server`` for one replica; engine options as ``--option K=V``."""
-    import json
-
-    cmd = [sys.executable, "-m", "zerolayer.server", "--engine", engine, "--host", "127.0.0.1",
-           "--port", str(port), "--name", name, "--keepalive-s", "0"]  # fmt: skip
-    for key, value in sorted(options.items()):
-        cmd += ["--option", f"{key}={json.dumps(value)}"]
-    return cmd
+    return [sys.executable, "-m", "zerolayer.server", *engine_args(engine, options),
+            "--host", "127.0.0.1", "--port", str(port), "--name", name,
+            "--keepalive-s", "0"]  # fmt: skip
 
 
 def _wait_listening(log_path: str, proc: Any, deadline: float) -> str:

@@ -11,9 +11,9 @@ import uvloop
 from bench.loaders.k6 import run_k6
 from bench.loaders.locust import run_locust
 from bench.loaders.native import run_native
-from bench.loaders.replica import spawn_replica
 from bench.loaders.tls import client_context, self_signed
 from bench.profile import load_profile
+from bench.stacks import ReplicaProcess
 from bench.workload import build_schedule
 
 
@@ -22,7 +22,7 @@ def test_three_loaders_agree_on_profile_a(tmp_path: Path) -> None:
     sched = build_schedule(profile)
     cert, key = self_signed(tmp_path / "tls")
     medians = {}
-    with spawn_replica("sim", tls_cert=cert, tls_key=key) as replica:
+    with ReplicaProcess("sim", tls=(cert, key)) as replica:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             native = runner.run(
                 run_native(

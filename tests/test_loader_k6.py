@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from bench.loaders.k6 import console_lines, k6_binary, parse_run, run_k6, write_inputs
-from bench.loaders.replica import spawn_replica
 from bench.loaders.tls import self_signed
 from bench.profile import load_profile
 from bench.schema import read_requests
+from bench.stacks import ReplicaProcess
 from bench.workload import Schedule, build_schedule
 
 
@@ -76,7 +76,7 @@ def test_k6_speaks_http2_over_tls_to_a_replica(tmp_path: Path) -> None:
     assert Path(k6_binary()).name == "k6"
     sched = _schedule(rate=20.0, duration_s=1.0, max_tokens=4)
     cert, key = self_signed(tmp_path / "tls")
-    with spawn_replica("sim", tls_cert=cert, tls_key=key) as replica:
+    with ReplicaProcess("sim", tls=(cert, key)) as replica:
         assert replica.url.startswith("https://")
         result = run_k6(
             sched, url=replica.url, stack="zerolayer", profile="a", rate=20.0, duration_s=1.0,
@@ -95,9 +95,7 @@ def test_k6_speaks_http2_over_tls_to_a_replica(tmp_path: Path) -> None:
 def test_k6_reports_refusals_with_their_code(tmp_path: Path) -> None:
     sched = _schedule(rate=20.0, duration_s=0.5, max_tokens=4, prompt_bytes=4000)
     cert, key = self_signed(tmp_path / "tls")
-    with spawn_replica(
-        "sim", tls_cert=cert, tls_key=key, extra_args=["--max-model-len", "256"]
-    ) as replica:
+    with ReplicaProcess("sim", tls=(cert, key), extra_args=["--max-model-len", "256"]) as replica:
         result = run_k6(
             sched, url=replica.url, stack="zerolayer", profile="a", rate=20.0, duration_s=0.5,
             workdir=tmp_path / "k6", records_path=tmp_path / "req.jsonl", vus=4,

@@ -6,9 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.loaders.locust import run_locust
-from bench.loaders.replica import spawn_replica
 from bench.profile import load_profile
 from bench.schema import read_requests
+from bench.stacks import ReplicaProcess
 from bench.workload import Schedule, build_schedule
 
 
@@ -22,7 +22,7 @@ def _schedule(
 
 def test_locust_streams_the_schedule_over_http1(tmp_path: Path) -> None:
     sched = _schedule(rate=20.0, duration_s=1.0, max_tokens=6)
-    with spawn_replica("sim") as replica:
+    with ReplicaProcess("sim") as replica:
         result = run_locust(
             sched, url=replica.url, stack="zerolayer", profile="a", workdir=tmp_path,
             records_path=tmp_path / "req.jsonl", users=8,
@@ -46,7 +46,7 @@ def test_locust_streams_the_schedule_over_http1(tmp_path: Path) -> None:
 
 def test_locust_records_refusals_with_their_code(tmp_path: Path) -> None:
     sched = _schedule(rate=20.0, duration_s=0.5, max_tokens=4, prompt_bytes=4000)
-    with spawn_replica("sim", extra_args=["--max-model-len", "256"]) as replica:
+    with ReplicaProcess("sim", extra_args=["--max-model-len", "256"]) as replica:
         result = run_locust(
             sched, url=replica.url, stack="zerolayer", profile="a", workdir=tmp_path,
             records_path=tmp_path / "req.jsonl", users=4,

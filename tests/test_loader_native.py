@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from bench.loaders.base import LoadResult, RequestFailed
 from bench.loaders.native import NOT_SENT, engine_sender, run_native, run_schedule
-from bench.loaders.replica import spawn_replica
 from bench.profile import Profile, load_profile
 from bench.schema import OUTCOMES, RequestRecord, read_requests
+from bench.stacks import ReplicaProcess
 from bench.workload import PlannedRequest, build_schedule
 from zerolayer.engine import NullEngine, SimEngine
 
@@ -211,7 +211,7 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
         await staller
         return result
 
-    with spawn_replica("null") as replica:
+    with ReplicaProcess("null") as replica:
         result = _run(go(replica.url, replica.pause, replica.resume))
     s = result.summary
     keys = ("p99.9_e2el_intended_ms", "p99.9_e2el_ms", "p99_client_queue_ms", "p99_lag_ms")
@@ -226,7 +226,7 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
 def test_native_over_the_network(tmp_path: Path, protocol: str) -> None:
     """HTTP/2 through the SDK (zero-layer) and HTTP/1.1 keep-alive (the baseline's front door)."""
     sched = build_schedule(_profile(rate=50.0, duration_s=0.6, max_tokens=5))
-    with spawn_replica("sim") as replica:
+    with ReplicaProcess("sim") as replica:
         result = _run(
             run_native(
                 sched, urls=[replica.url], protocol=protocol, stack="zerolayer", profile="a",

@@ -260,3 +260,24 @@ def test_nvml_reads_memory_v2_and_utilisation(tmp_path: Path) -> None:
     assert all(r["mem_reserved_bytes"] >= 0 for r in rows)
     utils = [r["gpu_util_pct"] for r in rows if r["gpu_util_pct"] is not None]
     assert utils and all(0 <= u <= 100 for u in utils)
+
+
+def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:
+    """A Serve engine replica publishes its stats; the sampler reads the newest snapshot."""
+    from baselines.rayserve.engine_replica import publish_stats
+    from zerolayer.engine import EngineRequest, SimConfig, SimEngine
+
+    engine = SimEngine(SimConfig(model_shape="llama-3.2-1b", num_kv_blocks=64))
+    path = tmp_path / "engine-stats-1.jsonl"
+    target = EngineTarget.stats_file("serve-0", "baseline", path)
+    with pytest.raises(OSError):
+        target.read()
+    publish_stats(path, engine.stats())
+    engine.add_request(EngineRequest("a", 40, 8))
+    engine.commit(engine.schedule())
+    publish_stats(path, engine.stats())
+    row = target.read()
+    assert row["running"] == 1
+    assert row["kv_blocks_used"] == 3 and row["live_tokens"] == 40
+    assert row["kv_usage"] == pytest.approx(3 / 64)
+    assert row["kv_waste"] == pytest.approx(1 - 40 / 48)

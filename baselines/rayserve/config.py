@@ -56,6 +56,7 @@ class BaselineConfig:
     throughput_optimized: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    stats_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.router not in ("consistent_hash", "pow2"):

@@ -7,12 +7,17 @@ final error item rather than as exceptions, so the ingress can tell "the engine 
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+import orjson
 from ray import serve
 
-from zerolayer.engine import EngineError, EngineRequest, make_engine
+from zerolayer.engine import EngineError, EngineRequest, EngineStats, make_engine
 
 Chunk = tuple[str, int, str | None, int, int]
 """(text, number of token ids, finish_reason, prompt_tokens, completion_tokens)."""
@@ -20,12 +25,27 @@ ErrorItem = tuple[str, str]
 """(engine error code, message)."""
 
 
+STATS_PREFIX = "engine-stats-"
+
+
+def publish_stats(path: Path, stats: EngineStats) -> None:
+    """Append one stats snapshot: the replica lives in a Ray worker the bench cannot call into
+    per replica, so it publishes its own figures at every health check (about once a second)."""
+    with open(path, "ab") as fh:
+        fh.write(orjson.dumps({"t_ns": time.time_ns(), **asdict(stats)}) + b"\n")
+
+
 class EngineReplica:
     """Wraps ``make_engine(name, **options)``; one engine per replica process."""
 
-    def __init__(self, engine: str, engine_options: dict[str, Any]) -> None:
+    def __init__(
+        self, engine: str, engine_options: dict[str, Any], stats_dir: str | None = None
+    ) -> None:
         self.engine = make_engine(engine, **engine_options)
         self.closed = False
+        self.stats_path = (
+            Path(stats_dir) / f"{STATS_PREFIX}{os.getpid()}.jsonl" if stats_dir else None
+        )
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[Chunk | ErrorItem]:
         """Stream one request's chunks; cancellation (client gone) aborts it in the engine."""
@@ -45,7 +65,9 @@ class EngineReplica:
         """Serve calls this every ``health_check_period_s``; a failure replaces the replica."""
         if self.closed:
             raise RuntimeError("engine closed")
-        self.engine.stats()
+        stats = self.engine.stats()
+        if self.stats_path is not None:
+            publish_stats(self.stats_path, stats)
 
     async def __del__(self) -> None:
         self.closed = True

@@ -97,7 +97,8 @@ def _deploy(config: BaselineConfig) -> None:
         ray_actor_options={"num_cpus": 0},
     )
     app = ingress.bind(
-        engines.bind(config.engine, dict(config.engine_options)), config.ingress_settings()
+        engines.bind(config.engine, dict(config.engine_options), config.stats_dir),
+        config.ingress_settings(),
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
 

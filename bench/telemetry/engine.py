@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,6 +92,23 @@ def stats_row(stats: EngineStats) -> dict[str, Any]:
     return row
 
 
+def _last_json_line(path: Path, tail_bytes: int = 8192) -> dict[str, Any]:
+    """The newest complete JSON line of an append-only file, without reading all of it."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        fh.seek(max(0, size - tail_bytes))
+        lines = fh.read().splitlines()
+    for line in reversed(lines):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        data.pop("t_ns", None)
+        return data
+    raise ValueError(f"no stats snapshot in {path} yet")
+
+
 def _http_get(url: str, timeout_s: float) -> bytes:
     parts = urlsplit(url)
     https = parts.scheme == "https"
@@ -129,6 +147,17 @@ class EngineTarget:
             return {key: values[prom] for prom, key in PROMETHEUS_KEYS.items() if prom in values}
 
         return cls(name, stack, read, url)
+
+    @classmethod
+    def stats_file(cls, name: str, stack: str, path: str | Path) -> EngineTarget:
+        """The last snapshot a replica published to its stats JSONL (the Ray Serve baseline's
+        engine replicas publish at every health check, about once a second)."""
+        path = Path(path)
+
+        def read() -> dict[str, Any]:
+            return stats_row(EngineStats(**_last_json_line(path)))
+
+        return cls(name, stack, read, str(path))
 
     @classmethod
     def health(cls, name: str, stack: str, url: str, timeout_s: float = 1.0) -> EngineTarget:
