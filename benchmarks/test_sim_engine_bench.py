@@ -27,7 +27,7 @@ def _engine_in_decode() -> SimEngine:
 
 def test_step_cpu_cost_256_running(benchmark) -> None:
     engine = _engine_in_decode()
-    seqs = list(engine._running)
+    seqs = list(engine.batcher.running)
     modelled: list[float] = []
 
     def step() -> None:

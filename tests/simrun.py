@@ -106,7 +106,7 @@ async def _drive(
             if not fault_done and offset >= spec.fault_at:
                 await asyncio.sleep(max(0.0, t0 + spec.fault_at - time.monotonic()))
                 phases.fault("abort in-flight", stack=stack, profile=profile)
-                for seq_id in list(engine._seqs):
+                for seq_id in list(engine.batcher.seqs):
                     engine.abort(seq_id)
                 fault_done = True
             await asyncio.sleep(max(0.0, t0 + offset - time.monotonic()))

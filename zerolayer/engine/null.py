@@ -14,7 +14,6 @@ class NullEngine:
     name = "null"
 
     def __init__(self) -> None:
-        self._running = 0
         self._closed = False
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:

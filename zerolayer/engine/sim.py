@@ -1,21 +1,20 @@
 """The simulated GPU engine: vLLM V1-style continuous batching over a paged KV cache, in real time.
 
-Each step is planned like vLLM's scheduler (running sequences first, one token budget shared by
-decode and chunked prefill, ``max_num_seqs``, preemption by recompute when blocks run out), its
-duration comes from :class:`StepTimeModel`, and the step ends at its modelled time on a virtual
-clock, so oversleeping one step is paid back by the next and cumulative drift stays near zero.
+Each step is planned by the :class:`ContinuousBatcher` the torch engine also uses (vLLM's policy:
+running sequences first, one token budget shared by decode and chunked prefill, ``max_num_seqs``,
+preemption by recompute when blocks run out), its duration comes from :class:`StepTimeModel`,
+and the step ends at its modelled time on a virtual clock, so oversleeping one step is paid back
+by the next and cumulative drift stays near zero.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import heapq
-import itertools
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
+from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from zerolayer.engine.kv import KVBlockManager
 from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
 from zerolayer.engine.tokens import detokenize, token_array
@@ -53,46 +52,14 @@ class SimConfig:
         return asdict(self)
 
 
-class _Seq:
-    """One request inside the engine."""
+class _SimSeq(Sequence):
+    """A sequence whose output tokens are fixed up front by its seed (``ids``, packed)."""
 
-    __slots__ = (
-        "arrival",
-        "computed",
-        "emitted",
-        "error",
-        "finish_reason",
-        "id",
-        "ids",
-        "pending",
-        "priority",
-        "prompt_tokens",
-        "running",
-        "waiter",
-    )
+    __slots__ = ("ids",)
 
     def __init__(self, request: EngineRequest, arrival: int) -> None:
-        self.id = request.request_id
-        self.prompt_tokens = request.prompt_tokens
-        self.priority = request.priority
-        self.arrival = arrival
+        super().__init__(request, arrival)
         self.ids = token_array(request.seed, request.max_tokens)
-        self.computed = 0
-        self.emitted = 0
-        self.pending: list[int] = []
-        self.finish_reason: str | None = None
-        self.running = False
-        self.error: EngineError | None = None
-        self.waiter: asyncio.Future[None] | None = None
-
-    def needs(self) -> int:
-        """Tokens whose KV must still be computed before the next token can be sampled."""
-        return self.prompt_tokens + self.emitted - self.computed
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 @dataclass(slots=True)
@@ -118,82 +85,35 @@ class SimEngine:
             self.config.kv_blocks(shape.weight_bytes, shape.kv_bytes_per_token),
             self.config.block_size,
         )
-        self._running: list[_Seq] = []
-        self._waiting: list[tuple[int, int, _Seq]] = []
-        self._seqs: dict[str, _Seq] = {}
-        self._arrivals = itertools.count()
-        self._waiting_prefill = 0
-        self._preemptions = 0
-        self._steps = 0
-        self._busy_s = 0.0
+        self._loop = StepLoop(self._run, "sim-engine")
+        self.batcher: ContinuousBatcher[_SimSeq] = ContinuousBatcher(
+            self.kv,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self.config.max_model_len,
+            new_seq=_SimSeq,
+            text=detokenize,
+            kick=self._loop.kick,
+        )
         self._actual_busy_s = 0.0
         self._timing_resets = 0
-        self._step_ms_recent = 0.0
         self.timings: deque[StepTiming] = deque(maxlen=100_000)
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
 
     # -- public API -------------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
-        seq = self._submit(request)
-        try:
-            while True:
-                if seq.error is not None:
-                    raise seq.error
-                if seq.pending or seq.finish_reason is not None:
-                    ids, seq.pending = seq.pending, []
-                    reason = seq.finish_reason
-                    yield TokenChunk(
-                        token_ids=ids,
-                        text=detokenize(ids),
-                        finish_reason=reason,
-                        prompt_tokens=seq.prompt_tokens,
-                        completion_tokens=seq.emitted,
-                    )
-                    if reason is not None:
-                        return
-                else:
-                    seq.waiter = asyncio.get_running_loop().create_future()
-                    await seq.waiter
-                    seq.waiter = None
-        finally:
-            if seq.finish_reason is None:
-                self.abort(seq.id)
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        return self.batcher.stream(request)
 
     def abort(self, request_id: str) -> None:
-        seq = self._seqs.pop(request_id, None)
-        if seq is None:
-            return
-        self.kv.free(seq.id)
-        if seq.running:
-            seq.running = False
-            self._running.remove(seq)
-        else:
-            self._waiting_prefill -= seq.needs()
-        seq.finish_reason = "abort"
-        seq.wake()
+        self.batcher.abort(request_id)
 
     def stats(self) -> EngineStats:
-        return EngineStats(
-            running=len(self._running),
-            waiting=len(self._seqs) - len(self._running),
-            kv_blocks_used=self.kv.used_blocks,
-            kv_blocks_total=self.kv.num_blocks,
-            block_size=self.kv.block_size,
-            live_tokens=self.kv.live_tokens,
-            preemptions=self._preemptions,
-            busy_time_s=self._busy_s,
-            steps=self._steps,
-            step_ms_recent=self._step_ms_recent,
-            waiting_prefill_tokens=self._waiting_prefill,
-            max_num_seqs=self.config.max_num_seqs,
-        )
+        return self.batcher.stats()
 
     def drift(self) -> float:
         """Cumulative timing error: (actual busy time - modelled busy time) / modelled."""
-        return (self._actual_busy_s - self._busy_s) / self._busy_s if self._busy_s else 0.0
+        busy = self.batcher.busy_s
+        return (self._actual_busy_s - busy) / busy if busy else 0.0
 
     @property
     def timing_resets(self) -> int:
@@ -201,117 +121,21 @@ class SimEngine:
         return self._timing_resets
 
     async def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for seq in list(self._seqs.values()):
-            seq.error = EngineError("engine_down", "engine closed")
-            self.kv.free(seq.id)
-            seq.wake()
-        self._seqs.clear()
-        self._running.clear()
-        self._waiting.clear()
+        self.batcher.close()
+        await self._loop.stop()
+        self.batcher.fail_all(EngineError("engine_down", "engine closed"))
 
-    # -- submission ---------------------------------------------------------------------------
+    # -- stepping without time (the benchmark and fidelity checks drive these directly) ---------
 
-    def _submit(self, request: EngineRequest) -> _Seq:
-        seq = self.add_request(request)
-        if self._task is None:
-            self._wakeup = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
-        assert self._wakeup is not None
-        self._wakeup.set()
-        return seq
-
-    def add_request(self, request: EngineRequest) -> _Seq:
+    def add_request(self, request: EngineRequest) -> _SimSeq:
         """Validate and queue a request (bookkeeping only; ``generate`` also runs the loop)."""
-        if self._closed:
-            raise EngineError("engine_down", "engine is closed")
-        total = request.prompt_tokens + request.max_tokens
-        if total > self.config.max_model_len:
-            raise EngineError(
-                "prompt_too_long",
-                f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} tokens exceeds "
-                f"max_model_len {self.config.max_model_len}",
-            )
-        if self.kv.blocks_for(total) > self.kv.num_blocks:
-            raise EngineError(
-                "prompt_too_long",
-                f"{total} tokens need more KV blocks than the engine has ({self.kv.num_blocks})",
-            )
-        if request.request_id in self._seqs:
-            raise EngineError("bad_request", f"duplicate request id {request.request_id!r}")
-        seq = _Seq(request, next(self._arrivals))
-        self._seqs[seq.id] = seq
-        self._enqueue(seq)
-        return seq
+        return self.batcher.add(request)
 
-    def _enqueue(self, seq: _Seq) -> None:
-        heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
-        self._waiting_prefill += seq.needs()
+    def schedule(self) -> list[tuple[_SimSeq, int]]:
+        """Plan one step (see :meth:`ContinuousBatcher.schedule`); allocates its KV slots."""
+        return self.batcher.schedule()
 
-    # -- scheduling (pure bookkeeping, no time) ------------------------------------------------
-
-    def _preempt_one(self) -> _Seq:
-        """Preempt by recompute: the lowest-priority, newest running sequence goes back to wait."""
-        victim = max(self._running, key=lambda s: (s.priority, s.arrival))
-        victim.running = False
-        self._running.remove(victim)
-        self.kv.free(victim.id)
-        victim.computed = 0
-        self._preemptions += 1
-        self._enqueue(victim)
-        return victim
-
-    def schedule(self) -> list[tuple[_Seq, int]]:
-        """Plan one step: which sequences process how many tokens; allocates their KV slots."""
-        budget = self.config.max_num_batched_tokens
-        kv = self.kv
-        plan: list[tuple[_Seq, int]] = []
-        preempted = False
-        for seq in list(self._running):
-            if budget <= 0:
-                break
-            if not seq.running:
-                continue
-            n = min(seq.needs(), budget)
-            while not kv.append(seq.id, n):
-                preempted = True
-                victim = self._preempt_one()
-                if victim is seq:
-                    n = 0
-                    break
-                for i, (planned, tokens) in enumerate(plan):
-                    if planned is victim:
-                        del plan[i]
-                        budget += tokens
-                        break
-            if n:
-                plan.append((seq, n))
-                budget -= n
-        if preempted:
-            return plan
-        waiting = self._waiting
-        while waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
-            seq = waiting[0][2]
-            if seq.finish_reason is not None or self._seqs.get(seq.id) is not seq:
-                heapq.heappop(waiting)
-                continue
-            n = min(seq.needs(), budget)
-            if not kv.append(seq.id, n):
-                break
-            heapq.heappop(waiting)
-            self._waiting_prefill -= seq.needs()
-            self._running.append(seq)
-            seq.running = True
-            plan.append((seq, n))
-            budget -= n
-        return plan
-
-    def step_seconds(self, plan: list[tuple[_Seq, int]]) -> tuple[float, int, int]:
+    def step_seconds(self, plan: list[tuple[_SimSeq, int]]) -> tuple[float, int, int]:
         """Modelled duration of a planned step, with its decode batch and prefill token count."""
         decode = 0
         context = 0
@@ -328,41 +152,32 @@ class SimEngine:
         mean_context = context / decode if decode else 0.0
         return model.step_ms(decode, mean_context, prefill_ms) / 1000.0, decode, prefill_tokens
 
-    def commit(self, plan: list[tuple[_Seq, int]]) -> None:
-        """Apply a finished step: advance each sequence, emit tokens, retire finished ones."""
-        seqs = self._seqs
+    def commit(self, plan: list[tuple[_SimSeq, int]]) -> None:
+        """Apply a finished step: advance each sequence, emit its next token, retire the done."""
+        batcher = self.batcher
+        seqs = batcher.seqs
         for seq, n in plan:
             if seqs.get(seq.id) is not seq:
                 continue
             seq.computed += n
             if seq.computed == seq.prompt_tokens + seq.emitted:
-                if seq.emitted < len(seq.ids):
-                    seq.pending.append(seq.ids[seq.emitted])
-                    seq.emitted += 1
-                if seq.emitted == len(seq.ids):
-                    seq.finish_reason = "length"
-                    del seqs[seq.id]
-                    self.kv.free(seq.id)
-                    seq.running = False
-                    self._running.remove(seq)
-                seq.wake()
+                seq.pending.append(seq.ids[seq.emitted])
+                seq.emitted += 1
+                if seq.emitted == seq.max_tokens:
+                    batcher.finish(seq, "length")
+                else:
+                    seq.wake()
 
     # -- the real-time loop -----------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def _run(self, wakeup: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         clock = loop.time
-        wakeup = self._wakeup
-        assert wakeup is not None
+        batcher = self.batcher
         virtual_end: float | None = None
         last_end = clock()
-        while not self._closed:
-            if not self._seqs:
-                virtual_end = None
-                wakeup.clear()
-                await wakeup.wait()
-                continue
-            plan = self.schedule()
+        while not batcher.closed:
+            plan = batcher.schedule() if batcher.seqs else None
             if not plan:
                 virtual_end = None
                 wakeup.clear()
@@ -381,10 +196,8 @@ class SimEngine:
                 await asyncio.sleep(delay)
             actual_end = clock()
             self.timings.append(StepTiming(seconds, actual_end - last_end, decode, prefill))
-            self._busy_s += seconds
+            batcher.record_step(seconds)
             self._actual_busy_s += actual_end - last_end
-            self._steps += 1
-            self._step_ms_recent = 0.9 * self._step_ms_recent + 100.0 * seconds
             virtual_end = end
             last_end = actual_end
             self.commit(plan)
