@@ -6,7 +6,8 @@ that resolution; it must also drop no iteration). Loader and replica share the m
 as they would in a laptop run. On a shared machine other processes preempt the loader for
 milliseconds at a time, which shows as lag at any rate; so each rate runs ``--repeats`` times and
 the best run counts (noise only ever adds lag), while every run is printed and saved, so the
-spread between repeats shows how noisy the figures were.
+spread between repeats shows how noisy the figures were. Each run also reports CPU per request:
+the native loader's own (idle spin turns excluded) and the replica process's (from psutil).
 
     python -m bench.loader_capacity --loaders native,k6 --rates 500,1000,2000 --seconds 5
 """
@@ -22,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import uvloop
 
 from bench.loaders.base import LoadResult
@@ -95,6 +97,8 @@ def _row(loader: str, rate: float, result: LoadResult) -> dict[str, Any]:
         "p99_lag_ms": s["p99_lag_ms"],
         "p99.9_lag_ms": s["p99.9_lag_ms"],
         "median_e2el_ms": s["median_e2el_ms"],
+        # CPU per request: the native loader's own (idle spin excluded; NaN for other loaders).
+        "loader_cpu_us": result.extra.get("loader_cpu_us_per_request", float("nan")),
         "sustained": sustained(loader, result),
         "valid": s["valid"],
         "invalid_reasons": s["invalid_reasons"],
@@ -117,9 +121,13 @@ def measure(
     for loader in loaders:
         tls = {"tls_cert": cert, "tls_key": key} if loader == "k6" else {}
         with spawn_replica("null", **tls) as replica:
+            proc = psutil.Process(replica.pid)
             for rate, repeat in itertools.product(rates, range(repeats)):
+                cpu0 = sum(proc.cpu_times()[:2])
                 result = run_one(loader, rate, seconds, replica.url, workdir, tokens)
+                replica_cpu = sum(proc.cpu_times()[:2]) - cpu0
                 row = {**_row(loader, rate, result), "repeat": repeat}
+                row["replica_cpu_us"] = replica_cpu / max(1, row["scheduled"]) * 1e6
                 rows.append(row)
                 verdict = (
                     "valid" if row["valid"] else "INVALID: " + "; ".join(row["invalid_reasons"])
@@ -129,6 +137,8 @@ def measure(
                     f"completed {row['completed']}/{row['scheduled']} lag p50 "
                     f"{row['p50_lag_ms']:.3f} p99 {row['p99_lag_ms']:.3f} p99.9 "
                     f"{row['p99.9_lag_ms']:.3f} ms e2el p50 {row['median_e2el_ms']:.2f} ms "
+                    f"cpu/req loader {row['loader_cpu_us']:.0f} replica "
+                    f"{row['replica_cpu_us']:.0f} us "
                     f"{'SUSTAINED' if row['sustained'] else 'not sustained'}; {verdict}",
                     flush=True,
                 )

@@ -1,19 +1,20 @@
 """What the serving layer itself costs: latency added over an in-process null-engine call.
 
 Each target (the in-process engine, the zero-layer path SDK -> replica -> null engine, and any
-plugged-in stack such as the Ray Serve baseline over HTTP/1.1) is driven with the same schedule:
-a fixed rate for a bounded time with at most ``in_flight`` requests outstanding (wrk2-style; or
-bursts of ``in_flight`` with ``--burst``), latency measured from each request's intended send time
-(dispatch spins the last stretch so the event loop's millisecond timers are not charged to the
-target). The table gives p50/p99 per target and in-flight level, and what each adds over
-in-process. Then a replica's RSS is measured with 1000 concurrent open streams (sim engine, long
-generations) through one SDK connection.
+plugged-in stack such as the Ray Serve baseline over HTTP/1.1) is driven with the same schedule: a
+fixed rate for a bounded time with at most ``in_flight`` requests outstanding (wrk2-style; or bursts
+of ``in_flight`` with ``--burst``), latency measured from each request's intended send time
+(dispatch waits with the native loader's ``wait_until``, which keeps reading responses while it
+waits, so neither the loop's millisecond timers nor a blocking spin are charged to the target; the
+garbage collector is paused while a level runs). The table gives p50/p99 per target and in-flight
+level, and what each adds over in-process. Then a replica's RSS is measured with 1000 concurrent
+open streams (sim engine, long generations) through one SDK connection.
 
-Run: ``python -m bench.overhead [--duration 20] [--targets inproc,zerolayer,rayserve]``.
-A target is any ``async (in_flight) -> (send, teardown)``; add one with ``--target NAME=mod:fn``.
-A ``send`` with a ``server_pids`` attribute also gets its servers' CPU per request reported
-(``srv us``); ``cpu us`` is the loader process's own CPU per request (spinning excluded), the
-figures to trust when other work shares the machine and wall-clock percentiles do not.
+Run: ``python -m bench.overhead [--duration 20] [--targets inproc,zerolayer,rayserve]``. A target is
+any ``async (in_flight) -> (send, teardown)``; add one with ``--target NAME=mod:fn``. A ``send``
+with a ``server_pids`` attribute also gets its servers' CPU per request reported (``srv us``);
+``cpu us`` is the loader process's own CPU per request (idle spin turns excluded), the figures to
+trust when other work shares the machine and wall-clock percentiles do not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import itertools
 import os
@@ -37,6 +39,7 @@ import numpy as np
 import psutil
 import uvloop
 
+from bench.loaders.native import wait_until
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.engine import EngineRequest, NullEngine
 from zerolayer.engine.tokens import count_prompt_tokens
@@ -46,7 +49,6 @@ Teardown = Callable[[], Awaitable[None]]
 Target = Callable[[int], Awaitable[tuple[Send, Teardown]]]
 
 LISTENING = re.compile(r"listening on (http\S+)")
-SPIN_S = 0.0001
 DEFAULT_RATES = {1: 200.0, 64: 500.0}
 
 
@@ -216,20 +218,6 @@ def rayserve_target(workload: Workload) -> Target:
     return factory
 
 
-async def _spin_until(t: float) -> float:
-    """Sleep, then spin out the rest (uvloop's millisecond timers fire up to ~1 ms early).
-
-    Returns the seconds spent spinning, so the loader's own CPU cost can leave them out.
-    """
-    delay = t - time.perf_counter() - SPIN_S
-    if delay > 0:
-        await asyncio.sleep(delay)
-    spin_from = now = time.perf_counter()
-    while now < t:
-        now = time.perf_counter()
-    return now - spin_from
-
-
 async def drive(
     name: str, send: Send, in_flight: int, rate: float, duration_s: float, burst: bool = False
 ) -> Level:
@@ -261,18 +249,26 @@ async def drive(
 
     server = [psutil.Process(pid) for pid in getattr(send, "server_pids", ())]
     tasks = []
-    spun = 0.0
-    cpu0 = time.process_time()
+    spun = 0
+    gc_was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()  # a collection stalls the loop for milliseconds: not the target's latency
+    cpu0 = time.process_time_ns()
     server0 = sum(sum(p.cpu_times()[:2]) for p in server)
-    t0 = time.perf_counter() + 0.05
-    for j in range(rounds):
-        t = t0 + j * period
-        spun += await _spin_until(t)
-        intended = int(t * 1e9)
-        tasks.extend(asyncio.create_task(one(intended)) for _ in range(group))
-    await asyncio.gather(*tasks)
+    t0 = clock() + 50_000_000
+    period_ns = int(period * 1e9)
+    try:
+        for j in range(rounds):
+            intended = t0 + j * period_ns
+            spun += await wait_until(intended)
+            tasks.extend(asyncio.create_task(one(intended)) for _ in range(group))
+        await asyncio.gather(*tasks)
+    finally:
+        gc.unfreeze()
+        if gc_was_enabled:
+            gc.enable()
     n = max(1, rounds * group)
-    level.client_cpu_us = (time.process_time() - cpu0 - spun) / n * 1e6
+    level.client_cpu_us = (time.process_time_ns() - cpu0 - spun) / n / 1e3
     if server:
         level.server_cpu_us = (sum(sum(p.cpu_times()[:2]) for p in server) - server0) / n * 1e6
     return level
@@ -425,7 +421,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-bytes", type=int, default=1024)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rss-streams", type=int, default=1000, help="0 skips the RSS check")
-    parser.add_argument("--rss-max-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--rss-max-tokens",
+        type=int,
+        default=1024,
+        help="long enough to stay open, short enough that 1000 fit under the KV watermarks",
+    )
     return parser.parse_args(argv)
 
 

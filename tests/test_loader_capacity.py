@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from bench.loader_capacity import main
@@ -22,3 +23,9 @@ def test_capacity_tool_writes_a_row_per_run(tmp_path: Path) -> None:
         assert not row["sustained"] or row["p99_lag_ms"] < 2.0
         # Null-engine runs judge lag by the absolute 1 ms rule only (no % of median rule).
         assert row["valid"] == (row["p99_lag_ms"] <= 1.0), row["invalid_reasons"]
+        # CPU per request: the replica's always, the loader's own only where it is measured.
+        assert row["replica_cpu_us"] > 0
+        if row["loader"] == "native":
+            assert row["loader_cpu_us"] > 0
+        else:
+            assert math.isnan(row["loader_cpu_us"])

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
 
+from zerolayer.client.h2base import H2State
 from zerolayer.client.hpackenc import LiteralEncoder
 from zerolayer.client.stream import Response
 
@@ -70,7 +70,7 @@ class H2Connection(asyncio.Protocol):
             normalize_outbound_headers=False,
             validate_inbound_headers=True,
         )
-        self._conn = h2.connection.H2Connection(config=config)
+        self._conn = H2State(config=config)
         self._conn.encoder = LiteralEncoder()  # type: ignore[assignment]
         self._transport: asyncio.Transport | None = None
         self._streams: dict[int, Any] = {}
@@ -280,10 +280,24 @@ class H2Connection(asyncio.Protocol):
         if not self.closed:
             self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
 
+    @property
+    def has_slot(self) -> bool:
+        """Whether a new stream may open now (the peer's MAX_CONCURRENT_STREAMS not reached)."""
+        return len(self._streams) < self._max_streams
+
     async def request(self, path: bytes, headers: list[Header], body: bytes, sink: Response) -> int:
-        """Start a POST stream: headers and as much body as the windows allow, in one write."""
+        """Wait for a stream slot when the peer's limit is reached, then :meth:`start`."""
         if len(self._streams) >= self._max_streams:
             await self._slot()
+            if sink.done:  # it timed out while waiting: nothing to send
+                return 0
+        return self.start(path, headers, body, sink)
+
+    def start(self, path: bytes, headers: list[Header], body: bytes, sink: Response) -> int:
+        """Start a POST stream now: headers and as much body as the windows allow, in one write.
+
+        Synchronous, so a caller with a free slot (``has_slot``) needs no task to send.
+        """
         if not self.usable:
             sink.on_lost("connection closed")
             return 0

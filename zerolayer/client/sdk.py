@@ -26,11 +26,11 @@ from zerolayer.client.h2conn import H2Connection
 from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, Hysteresis, healthy
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 from zerolayer.client.stream import Response, Stream
+from zerolayer.client.submit import OnDone, Submission
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
-from zerolayer.client.wire import Prepared, ZeroLayerError, prepare
+from zerolayer.client.wire import MARK_DOWN, Prepared, ZeroLayerError, prepare
 
 _now = time.time_ns
-_MARK_DOWN = frozenset({contract.DRAINING.code, contract.ENGINE_DOWN.code})
 
 
 @dataclass(slots=True)
@@ -137,6 +137,8 @@ class ZeroLayerClient:
         self._ids = itertools.count()
         self._id_prefix = f"zl{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
         self._poller: asyncio.Task[None] | None = None
+        # Tasks of submitted requests that had to wait for a connection or a stream slot.
+        self.background: set[asyncio.Future[None]] = set()
 
     async def __aenter__(self) -> ZeroLayerClient:
         await self.start()
@@ -238,6 +240,53 @@ class ZeroLayerClient:
             (deadline_ms + self.grace_ms) / 1000,
         )
 
+    def submit(
+        self,
+        on_done: OnDone,
+        *,
+        prompt: str,
+        max_tokens: int = contract.DEFAULT_MAX_TOKENS,
+        session: str = "",
+        tenant: str = "default",
+        priority: str = "normal",
+        deadline_ms: int = contract.DEFAULT_DEADLINE_MS,
+        seed: int | None = None,
+        chat: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> Timing:
+        """Send a streamed completion now and return its timing record at once.
+
+        ``on_done(timing, tokens)`` runs exactly once when the request has ended: completed, or
+        with ``timing.error_code`` set (``client_timeout`` when no answer came by deadline plus
+        grace). Same routing, retries and timing as :meth:`stream`, without a task or chunk
+        objects per request: the API for load generators, which want only the record. Raises
+        ValueError at once for bad arguments, like :meth:`stream`.
+        """
+        request_id = f"{self._id_prefix}{next(self._ids)}"
+        req = prepare(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            request_id=request_id,
+            session=session,
+            tenant=tenant,
+            priority=priority,
+            deadline_ms=deadline_ms,
+            seed=seed,
+            chat=chat,
+            model=self.model,
+            headers=headers,
+        )
+        timing = Timing(request_id=request_id)
+        Submission(
+            self,
+            req,
+            self._candidates(session or request_id),
+            timing,
+            on_done,
+            (deadline_ms + self.grace_ms) / 1000,
+        ).next_attempt()
+        return timing
+
     async def complete(self, **kwargs: object) -> Completion:
         """The whole answer at once; takes ``stream``'s arguments."""
         async with self.stream(**kwargs) as s:  # type: ignore[arg-type]
@@ -279,7 +328,7 @@ class ZeroLayerClient:
             error = resp.error
             if error is None:
                 return resp
-            if error.code in _MARK_DOWN:
+            if error.code in MARK_DOWN:
                 replica.health.force_down()
             if not error.retryable or stream.timed_out:
                 break

@@ -1,9 +1,12 @@
 """One response as it streams in, and the caller-facing stream that may span several attempts.
 
 ``Response`` is the sink a connection feeds (headers, data, end, reset, loss); it parses SSE as
-bytes arrive and wakes its one reader. ``Stream`` is what ``client.stream(...)`` returns: its
-``__aenter__`` runs the transport's attempts until a first token (the last point where a retry
-is safe), then it yields chunks; a timer per request makes sure nothing waits past deadline + grace.
+bytes arrive and wakes its one reader, or, for a callback-driven request (``Submission``), calls
+``notify`` once when it is over and keeps only the token count, not the chunks.
+
+``Stream`` is what ``client.stream(...)`` returns: its ``__aenter__`` runs the transport's
+attempts until a first token (the last point where a retry is safe), then it yields chunks; a
+timer per request makes sure nothing waits past deadline + grace.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ class Response:
         "_body",
         "_parser",
         "_retry_after",
-        "_tokens_seen",
         "_waiter",
         "_zl_error",
         "cancel",
@@ -47,27 +49,38 @@ class Response:
         "committed",
         "done",
         "error",
+        "notify",
         "status",
         "timing",
+        "tokens",
     )
 
-    def __init__(self, timing: Timing, chat: bool) -> None:
+    def __init__(
+        self, timing: Timing, chat: bool, notify: Callable[[Response], None] | None = None
+    ) -> None:
         self.timing = timing
         self.chat = chat
+        self.notify = notify
         self.status = 0
         self.chunks: deque[Chunk] = deque()
         self.done = False
         self.committed = False
         self.error: ZeroLayerError | None = None
         self.cancel: Callable[[], None] | None = None
+        self.tokens = 0
         self._parser = SSEParser()
         self._body: bytearray | None = None
         self._zl_error = ""
         self._retry_after: str | None = None
-        self._tokens_seen = 0
         self._waiter: asyncio.Future[None] | None = None
 
     def _wake(self) -> None:
+        notify = self.notify
+        if notify is not None:
+            if self.done:
+                self.notify = None
+                notify(self)
+            return
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -137,7 +150,7 @@ class Response:
                 else choice.get("text") or ""
             )
             if usage and "completion_tokens" in usage:
-                tokens = usage["completion_tokens"] - self._tokens_seen
+                tokens = usage["completion_tokens"] - self.tokens
             else:
                 # Our engines' vocabulary gives every token one leading space.
                 tokens = text.count(" ")
@@ -147,8 +160,9 @@ class Response:
                     self.committed = True
                     timing.first_token_ns = now
                 timing.chunk_ns.append(now)
-                self._tokens_seen += tokens
-                self.chunks.append(Chunk(text, tokens))
+                self.tokens += tokens
+                if self.notify is None:
+                    self.chunks.append(Chunk(text, tokens))
             reason = choice.get("finish_reason")
             if reason:
                 timing.finish_reason = reason
@@ -160,7 +174,7 @@ class Response:
         if not self.done:
             self.done = True
             if not self.timing.output_tokens:
-                self.timing.output_tokens = self._tokens_seen
+                self.timing.output_tokens = self.tokens
             self._wake()
 
     def on_end(self) -> None:

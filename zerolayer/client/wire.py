@@ -15,6 +15,8 @@ from zerolayer import contract
 from zerolayer.engine.tokens import count_prompt_tokens
 
 DONE = b"[DONE]"
+# Refusals that say the replica itself is going away: the client marks it down at once.
+MARK_DOWN = frozenset({contract.DRAINING.code, contract.ENGINE_DOWN.code})
 
 
 class Chunk(NamedTuple):

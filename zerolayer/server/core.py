@@ -21,6 +21,7 @@ import itertools
 import logging
 import time
 from collections import Counter
+from functools import lru_cache
 from typing import Any, Final, Protocol
 
 from zerolayer import contract
@@ -47,6 +48,7 @@ from zerolayer.scheduler import (
     engine_has_room,
 )
 from zerolayer.server import openai, status
+from zerolayer.server.eager import start_eager
 from zerolayer.server.openai import CHAT, COMPLETIONS, Body, Framer
 
 log = logging.getLogger("zerolayer.server")
@@ -93,6 +95,14 @@ def error_headers(
     if request_id is not None:
         headers.append((_REQUEST_ID, request_id))
     return headers
+
+
+@lru_cache(maxsize=4096)
+def _request_meta(fields: tuple[tuple[bytes, bytes], ...]) -> RequestMeta:
+    """``contract.parse_headers``, cached: a session's contract headers repeat request after
+    request. Only valid headers are cached (a ContractError is raised again every time), and
+    RequestMeta is frozen, so requests can share one."""
+    return contract.parse_headers(fields)
 
 
 class Call:
@@ -370,7 +380,7 @@ class Replica:
         if self.draining:
             return self._refuse(sink, DRAINING, "the replica is draining", rid, retry_after_ms=0)
         try:
-            meta = contract.parse_headers(zl)
+            meta = _request_meta(tuple(zl))
         except ContractError as exc:
             return self._refuse(sink, exc.error, exc.message, rid)
         if content_length == -2:
@@ -450,7 +460,7 @@ class Replica:
         call.engine_id = f"{self.name}:{next(self._engine_ids)}"
         self._launching += 1
         self._launching_prefill += call.prompt_tokens
-        call.task = self.loop.create_task(self._run(call))
+        call.task = start_eager(self.loop, self._run(call))
 
     def mark_launched(self, call: Call) -> None:
         call.launched = True

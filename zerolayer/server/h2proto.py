@@ -20,11 +20,13 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 import h2.config
-import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
+
+from zerolayer.client.h2base import H2State
+from zerolayer.client.hpackenc import LiteralEncoder
 
 if TYPE_CHECKING:
     from zerolayer.server.core import Call, Replica
@@ -129,7 +131,7 @@ class H2Handler:
         self.replica = replica
         self.transport = transport
         self.loop = replica.loop
-        conn = h2.connection.H2Connection(config=CONFIG)
+        conn = H2State(config=CONFIG)
         conn.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -140,6 +142,9 @@ class H2Handler:
             },
         )
         conn.max_inbound_frame_size = MAX_FRAME_SIZE
+        # Response headers are a handful of constant fields: cached encodings beat hpack's
+        # per-field table search (see hpackenc).
+        conn.encoder = LiteralEncoder()  # type: ignore[assignment]
         conn.initiate_connection()
         conn.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
         self.h2 = conn
@@ -180,12 +185,13 @@ class H2Handler:
                 stream = streams.get(sid)
                 if stream is not None:
                     stream.remote_ended = True
-                    if stream.call is not None:
+                    call = stream.call
+                    if call is not None:
                         try:
-                            stream.call.on_end()
+                            call.on_end()
                         except Exception:
                             log.exception("failed to handle a request body on stream %d", sid)
-                            stream.call.on_reset()
+                            call.on_reset()
                             self.reset(stream, ErrorCodes.INTERNAL_ERROR)
                     self.forget_if_done(stream)
             elif kind is _StreamReset:
@@ -194,8 +200,9 @@ class H2Handler:
                     stream.local_ended = stream.remote_ended = True
                     stream.pending = None
                     self.blocked.discard(stream)
-                    if stream.call is not None:
-                        stream.call.on_reset()
+                    call, stream.call = stream.call, None
+                    if call is not None:
+                        call.on_reset()
             elif kind is _WindowUpdated:
                 if event.stream_id:
                     stream = streams.get(event.stream_id)
@@ -273,6 +280,7 @@ class H2Handler:
             self.forget_if_done(stream)
         except h2.exceptions.StreamClosedError:
             stream.pending = None
+            stream.call = None
             self.blocked.discard(stream)
             self.streams.pop(sid, None)
 
@@ -283,13 +291,17 @@ class H2Handler:
     def reset(self, stream: H2Stream, code: ErrorCodes) -> None:
         stream.pending = None
         stream.local_ended = True
+        stream.call = None
         self.blocked.discard(stream)
         self.streams.pop(stream.sid, None)
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self.h2.reset_stream(stream.sid, code)
 
     def forget_if_done(self, stream: H2Stream) -> None:
+        """Drop a finished stream, and its link to the call (the call keeps its sink): no
+        stream-call cycle is left for the garbage collector."""
         if stream.local_ended and stream.remote_ended and stream.pending is None:
+            stream.call = None
             self.streams.pop(stream.sid, None)
 
     def mark_dirty(self) -> None:
@@ -339,8 +351,9 @@ class H2Handler:
         self.streams.clear()
         self.blocked.clear()
         for stream in streams:
-            if stream.call is not None:
-                stream.call.on_reset()
+            call, stream.call = stream.call, None
+            if call is not None:
+                call.on_reset()
 
     @property
     def idle(self) -> bool:
