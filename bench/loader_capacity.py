@@ -30,10 +30,10 @@ from bench.loaders.base import LoadResult
 from bench.loaders.k6 import run_k6
 from bench.loaders.locust import run_locust
 from bench.loaders.native import run_native
-from bench.loaders.replica import spawn_replica
 from bench.loaders.tls import self_signed
 from bench.metrics import LAG_LIMIT_MS
 from bench.profile import load_profile
+from bench.stacks import ReplicaProcess
 from bench.workload import Schedule, build_schedule
 
 K6_CLOCK_RESOLUTION_MS = 1.0
@@ -119,8 +119,8 @@ def measure(
     cert, key = self_signed(workdir / "tls")
     rows = []
     for loader in loaders:
-        tls = {"tls_cert": cert, "tls_key": key} if loader == "k6" else {}
-        with spawn_replica("null", **tls) as replica:
+        tls = (cert, key) if loader == "k6" else None
+        with ReplicaProcess("null", tls=tls) as replica:
             proc = psutil.Process(replica.pid)
             for rate, repeat in itertools.product(rates, range(repeats)):
                 cpu0 = sum(proc.cpu_times()[:2])

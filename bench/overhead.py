@@ -25,12 +25,6 @@ import contextlib
 import gc
 import importlib
 import itertools
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +34,7 @@ import psutil
 import uvloop
 
 from bench.loaders.native import wait_until
+from bench.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.engine import EngineRequest, NullEngine
 from zerolayer.engine.tokens import count_prompt_tokens
@@ -48,59 +43,7 @@ Send = Callable[[], Awaitable[None]]
 Teardown = Callable[[], Awaitable[None]]
 Target = Callable[[int], Awaitable[tuple[Send, Teardown]]]
 
-LISTENING = re.compile(r"listening on (http\S+)")
 DEFAULT_RATES = {1: 200.0, 64: 500.0}
-
-
-class ReplicaProcess:
-    """A ``zl-replica`` in its own process, as deployed; stopped by ``stop`` or ``kill``."""
-
-    def __init__(self, engine: str = "null", *args: str, ready_timeout_s: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "zerolayer.server", "--engine", engine, "--port", "0", *args]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.output: list[str] = []
-        found = threading.Event()
-        self.url = ""
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                match = LISTENING.search(line)
-                if match and not self.url:
-                    self.url = match.group(1)
-                    found.set()
-            found.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not found.wait(ready_timeout_s) or not self.url:
-            self.kill()
-            raise RuntimeError(f"replica did not start: {''.join(self.output)[-2000:]}")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def kill(self) -> None:
-        """SIGKILL, like a crashed pod."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM (the replica drains), then SIGKILL if it lingers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @dataclass(slots=True)
@@ -297,7 +240,9 @@ async def run_target(
 
 async def replica_rss(streams: int, max_tokens: int, hold_s: float) -> dict[str, float]:
     """RSS of a sim replica before and with ``streams`` open streams on one SDK connection."""
-    proc = await asyncio.to_thread(ReplicaProcess, "sim", "--max-num-seqs", str(max(streams, 256)))
+    proc = await asyncio.to_thread(
+        ReplicaProcess, "sim", extra_args=["--max-num-seqs", str(max(streams, 256))]
+    )
     ps = psutil.Process(proc.pid)
     idle = ps.memory_info().rss
     opened = 0

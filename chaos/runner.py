@@ -56,7 +56,7 @@ class ChaosScale:
     load_max_s: float
     num_kv_blocks: int
     health_interval_s: float = 1.0
-    health_timeout_s: float = 1.0
+    health_timeout_s: float = 0.5
 
 
 SCALES: Final = {

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loaders.native import engine_sender, run_native, run_schedule
-from bench.overhead import ReplicaProcess
+from bench.stacks import ReplicaProcess
 from bench.telemetry.nvml import NvmlSource
 from bench.workload import PlannedRequest
 
@@ -136,16 +136,13 @@ async def replica_phase(out: Path, tel: Telemetry, rates: list[float], seconds: 
     results: dict[str, Any] = {}
     replica = ReplicaProcess(
         "torch",
-        "--model-shape",
-        SHAPE,
-        "--max-num-seqs",
-        "128",
-        "--max-model-len",
-        "4096",
-        "--option",
-        "device=cuda",
-        "--option",
-        "kv_layout=paged",
+        {
+            "model_shape": SHAPE,
+            "max_num_seqs": 128,
+            "max_model_len": 4096,
+            "device": "cuda",
+            "kv_layout": "paged",
+        },
         ready_timeout_s=120,
     )
     try:

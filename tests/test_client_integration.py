@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bench.overhead import ReplicaProcess
+from bench.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
 from zerolayer.engine import NullEngine
@@ -46,7 +46,7 @@ def spawn() -> Iterator[Spawn]:
     started: list[ReplicaProcess] = []
 
     def start(engine: str = "sim", *args: str) -> ReplicaProcess:
-        proc = ReplicaProcess(engine, *args)
+        proc = ReplicaProcess(engine, extra_args=args)
         started.append(proc)
         return proc
 

@@ -109,7 +109,7 @@ class ZeroLayerClient:
         *,
         vnodes: int = DEFAULT_VNODES,
         health_interval_s: float = 1.0,
-        health_timeout_s: float = 1.0,
+        health_timeout_s: float = 0.5,
         down_after: int = DEFAULT_DOWN_AFTER,
         up_after: int = DEFAULT_UP_AFTER,
         max_retries: int = 2,
@@ -173,9 +173,13 @@ class ZeroLayerClient:
     # health
 
     async def _poll_forever(self) -> None:
+        """Poll on an absolute schedule, so a slow poll does not stretch the interval."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
         while True:
             await self.poll_health()
-            await asyncio.sleep(self.health_interval_s)
+            next_at = max(next_at + self.health_interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
 
     async def poll_health(self) -> None:
         """Poll every replica's ``/health`` once and feed the verdicts to their hysteresis."""
@@ -188,7 +192,11 @@ class ZeroLayerClient:
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None
             replica.health.observe(healthy(status, replica.last_health))
-        except (OSError, TimeoutError, orjson.JSONDecodeError):
+        except (OSError, TimeoutError):
+            # No answer at all (refused, reset, or hung past the timeout): a dead or frozen
+            # process, not a busy one, so down at once; hysteresis still governs coming back.
+            replica.health.force_down()
+        except orjson.JSONDecodeError:
             replica.health.observe(False)
 
     # requests
