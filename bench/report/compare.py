@@ -28,13 +28,18 @@ class Metric:
     min_abs_change: float = 0.0
 
 
+# Resampling requests sees the noise inside a run, not between runs (timer and scheduler jitter
+# of a shared machine, a few ms here): changes smaller than these floors are never flagged.
+LATENCY_FLOOR_MS = 5.0
+ITL_FLOOR_MS = 1.0
+
 METRICS: tuple[Metric, ...] = (
-    Metric("median_ttft_ms", "ttft"),
-    Metric("p99_ttft_ms", "ttft"),
-    Metric("median_itl_ms", "itl"),
-    Metric("median_e2el_ms", "e2el"),
-    Metric("p99_e2el_ms", "e2el"),
-    Metric("std_e2el_ms", "e2el"),
+    Metric("median_ttft_ms", "ttft", min_abs_change=LATENCY_FLOOR_MS),
+    Metric("p99_ttft_ms", "ttft", min_abs_change=LATENCY_FLOOR_MS),
+    Metric("median_itl_ms", "itl", min_abs_change=ITL_FLOOR_MS),
+    Metric("median_e2el_ms", "e2el", min_abs_change=LATENCY_FLOOR_MS),
+    Metric("p99_e2el_ms", "e2el", min_abs_change=LATENCY_FLOOR_MS),
+    Metric("std_e2el_ms", "e2el", min_abs_change=LATENCY_FLOOR_MS),
     Metric("request_throughput", "", higher_is_better=True),
     Metric("failed_fraction", "", min_abs_change=0.01),
 )
@@ -196,7 +201,8 @@ def main(
     rows, notes = compare_runs(a, b, n_boot=n_boot, threshold=threshold, confidence=confidence)
     print(
         f"A = {a.path}  B = {b.path}  ({n_boot} bootstrap resamples of requests, regression: "
-        f"CI of B-A excludes 0 on the worse side and the change exceeds {threshold:.0%})"
+        f"CI of B-A excludes 0 on the worse side and the change exceeds {threshold:.0%} and "
+        f"the noise floor: {LATENCY_FLOOR_MS:g} ms latency, {ITL_FLOOR_MS:g} ms ITL)"
     )
     for run, name in ((a, "A"), (b, "B")):
         if run.incomplete:
