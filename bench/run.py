@@ -392,6 +392,7 @@ def run(config: RunConfig) -> int:
                 if any(p.fault is not None for p in profiles) and name == "baseline":
                     _fault_phase(stack, config, run, phases)
                 _say(f"tearing down {name}")
+                engines.drop_stack(name)
             if any(p.fault is not None for p in profiles) and name == "zerolayer":
                 _fault_phase(stack, config, run, phases)
         run.meta["complete"] = True

@@ -21,6 +21,7 @@ from zerolayer.engine.types import Engine, EngineStats
 
 # Prometheus names a replica exports -> row keys. vLLM's names first (kv_cache_usage_perc is a
 # fraction in vLLM despite its name); the zl_ ones carry what vLLM has no name for.
+SNAPSHOT_NS = "snapshot_ns"
 PROMETHEUS_KEYS: dict[str, str] = {
     "vllm:kv_cache_usage_perc": "kv_usage",
     "vllm:num_requests_running": "running",
@@ -104,7 +105,6 @@ def _last_json_line(path: Path, tail_bytes: int = 8192) -> dict[str, Any]:
             data = json.loads(line)
         except ValueError:
             continue
-        data.pop("t_ns", None)
         return data
     raise ValueError(f"no stats snapshot in {path} yet")
 
@@ -155,7 +155,9 @@ class EngineTarget:
         path = Path(path)
 
         def read() -> dict[str, Any]:
-            return stats_row(EngineStats(**_last_json_line(path)))
+            data = _last_json_line(path)
+            t_ns = data.pop("t_ns")
+            return {**stats_row(EngineStats(**data)), SNAPSHOT_NS: t_ns}
 
         return cls(name, stack, read, str(path))
 
@@ -186,6 +188,10 @@ class EngineSource:
         """Register a replica started after sampling began."""
         self.targets = [*self.targets, target]
 
+    def drop_stack(self, stack: str) -> None:
+        """Stop reading a stack's replicas (it was torn down; its ports may be reused)."""
+        self.targets = [t for t in self.targets if t.stack != stack]
+
     def open(self) -> Availability:
         return Availability(True)
 
@@ -195,16 +201,18 @@ class EngineSource:
             base = {"name": target.name, "stack": target.stack}
             try:
                 row = target.read()
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # one replica's bad answer must not hide the others'
                 rows.append({**base, "up": 0, "error": f"{type(exc).__name__}: {exc}"})
                 continue
-            now = time.monotonic_ns()
+            # a published snapshot carries its own time; a scraped one is taken now
+            now = row.pop(SNAPSHOT_NS, None) or time.monotonic_ns()
             if "busy_time_s" in row:
                 last = self._last_busy.get(id(target))
                 # a counter that went backwards is a restarted engine: start a new baseline
                 if last is not None and now > last[0] and row["busy_time_s"] >= last[1]:
                     row["engine_busy"] = (row["busy_time_s"] - last[1]) / ((now - last[0]) / 1e9)
-                self._last_busy[id(target)] = (now, row["busy_time_s"])
+                if last is None or now > last[0]:
+                    self._last_busy[id(target)] = (now, row["busy_time_s"])
             inactive = row.get("alloc_inactive_split_bytes")
             reserved = row.get("alloc_reserved_bytes")
             if inactive is not None and reserved:
