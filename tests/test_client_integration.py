@@ -8,8 +8,6 @@ assertions: every wait is bounded only so that a hang fails the test instead of 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import signal
 import ssl
@@ -20,11 +18,8 @@ from typing import Any
 import psutil
 import pytest
 import uvloop
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from bench.loaders.tls import self_signed
 from bench.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
@@ -274,39 +269,8 @@ def test_health_poll_marks_a_frozen_replica_down_then_up_with_hysteresis(spawn: 
     run(main())
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    """A throwaway certificate for 127.0.0.1, so TLS with ALPN runs without any CA."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_https_url_negotiates_h2_with_alpn(spawn: Spawn, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     replica = spawn("null", "--tls-cert", str(cert), "--tls-key", str(key))
     url = replica.url.replace("http://", "https://")
     tls = ssl.create_default_context(cafile=str(cert))
