@@ -3,8 +3,8 @@
 from zerolayer.client.health import Hysteresis, healthy
 from zerolayer.client.http1 import Http1Client
 from zerolayer.client.ring import HashRing
-from zerolayer.client.sdk import Completion, ZeroLayerClient
-from zerolayer.client.stream import Stream
+from zerolayer.client.sdk import ZeroLayerClient
+from zerolayer.client.stream import Completion, Stream
 from zerolayer.client.timing import Timing
 from zerolayer.client.wire import Chunk, ZeroLayerError
 

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import os
 import ssl
 import time
 from collections import deque
-from collections.abc import Mapping
-from typing import cast
+from typing import Unpack, cast
 
 import h11
 
-from zerolayer import contract
-from zerolayer.client.sdk import Completion, split_url
-from zerolayer.client.stream import Response, Stream
+from zerolayer.client.sdk import split_url
+from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, Timing
-from zerolayer.client.wire import Prepared, ZeroLayerError, prepare
+from zerolayer.client.wire import Prepared, RequestFields, RequestIssuer, ZeroLayerError
 
 _now = time.time_ns
 
@@ -134,12 +130,10 @@ class Http1Client:
         self.max_connections = max_connections
         self.grace_ms = grace_ms
         self.connect_timeout_s = connect_timeout_s
-        self.model = model
         self._idle: deque[H11Connection] = deque()
         self._all: set[H11Connection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._ids = itertools.count()
-        self._id_prefix = f"h1{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
+        self._issue = RequestIssuer("h1", model)
 
     async def __aenter__(self) -> Http1Client:
         return self
@@ -195,46 +189,18 @@ class Http1Client:
             self._waiters.append(waiter)
             await waiter
 
-    def stream(
-        self,
-        *,
-        prompt: str,
-        max_tokens: int = contract.DEFAULT_MAX_TOKENS,
-        session: str = "",
-        tenant: str = "default",
-        priority: str = "normal",
-        deadline_ms: int = contract.DEFAULT_DEADLINE_MS,
-        seed: int | None = None,
-        chat: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> Stream:
+    def stream(self, **fields: Unpack[RequestFields]) -> Stream:
         """Same contract as ``ZeroLayerClient.stream``."""
-        request_id = f"{self._id_prefix}{next(self._ids)}"
-        req = prepare(
-            prompt=prompt,
-            max_tokens=max_tokens,
-            request_id=request_id,
-            session=session,
-            tenant=tenant,
-            priority=priority,
-            deadline_ms=deadline_ms,
-            seed=seed,
-            chat=chat,
-            model=self.model,
-            headers=headers,
+        req = self._issue(fields)
+        return Stream(
+            lambda s: self._open(s, req),
+            Timing(request_id=req.request_id, replica=self.url),
+            (req.deadline_ms + self.grace_ms) / 1000,
         )
-        timing = Timing(request_id=request_id, replica=self.url)
-        return Stream(lambda s: self._open(s, req), timing, (deadline_ms + self.grace_ms) / 1000)
 
-    async def complete(self, **kwargs: object) -> Completion:
+    async def complete(self, **fields: Unpack[RequestFields]) -> Completion:
         """The whole answer at once; takes ``stream``'s arguments."""
-        async with self.stream(**kwargs) as s:  # type: ignore[arg-type]
-            text = []
-            tokens = 0
-            async for chunk in s:
-                text.append(chunk.text)
-                tokens += chunk.tokens
-        return Completion("".join(text), tokens, s.timing)
+        return await collect(self.stream(**fields))
 
     async def _open(self, stream: Stream, req: Prepared) -> Response:
         timing = stream.timing

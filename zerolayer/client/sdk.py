@@ -11,35 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import os
 import ssl
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from typing import Unpack
 from urllib.parse import urlsplit
 
 import orjson
 
-from zerolayer import contract
 from zerolayer.client.h2conn import H2Connection
 from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, Hysteresis, healthy
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
-from zerolayer.client.stream import Response, Stream
+from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.submit import OnDone, Submission
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
-from zerolayer.client.wire import MARK_DOWN, Prepared, ZeroLayerError, prepare
+from zerolayer.client.wire import (
+    MARK_DOWN,
+    Prepared,
+    RequestFields,
+    RequestIssuer,
+    ZeroLayerError,
+)
 
 _now = time.time_ns
-
-
-@dataclass(slots=True)
-class Completion:
-    """A whole non-streamed answer, with the same timing record a stream gives."""
-
-    text: str
-    tokens: int
-    timing: Timing
 
 
 def split_url(url: str) -> tuple[str, int, bool]:
@@ -128,14 +122,12 @@ class ZeroLayerClient:
         self.max_retries = max_retries
         self.grace_ms = grace_ms
         self.connect_timeout_s = connect_timeout_s
-        self.model = model
         self._tls = (
             tls
             if tls is not None
             else (default_tls() if any(r.tls for r in self.replicas.values()) else None)
         )
-        self._ids = itertools.count()
-        self._id_prefix = f"zl{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
+        self._issue = RequestIssuer("zl", model)
         self._poller: asyncio.Task[None] | None = None
         # Tasks of submitted requests that had to wait for a connection or a stream slot.
         self.background: set[asyncio.Future[None]] = set()
@@ -208,60 +200,22 @@ class ZeroLayerClient:
             if replica.health.up:
                 yield replica
 
-    def stream(
-        self,
-        *,
-        prompt: str,
-        max_tokens: int = contract.DEFAULT_MAX_TOKENS,
-        session: str = "",
-        tenant: str = "default",
-        priority: str = "normal",
-        deadline_ms: int = contract.DEFAULT_DEADLINE_MS,
-        seed: int | None = None,
-        chat: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> Stream:
+    def stream(self, **fields: Unpack[RequestFields]) -> Stream:
         """A streamed completion; ``async with`` it, then ``async for chunk in it``.
 
         Entering waits for the first token (retrying before it where that is safe) and raises
         ZeroLayerError if none comes; iterating raises it if the stream breaks later.
         ``stream.timing`` holds the record either way (and the error carries it too).
         """
-        request_id = f"{self._id_prefix}{next(self._ids)}"
-        req = prepare(
-            prompt=prompt,
-            max_tokens=max_tokens,
-            request_id=request_id,
-            session=session,
-            tenant=tenant,
-            priority=priority,
-            deadline_ms=deadline_ms,
-            seed=seed,
-            chat=chat,
-            model=self.model,
-            headers=headers,
-        )
-        timing = Timing(request_id=request_id)
+        req = self._issue(fields)
+        key = fields.get("session") or req.request_id
         return Stream(
-            lambda s: self._open(s, req, session or request_id),
-            timing,
-            (deadline_ms + self.grace_ms) / 1000,
+            lambda s: self._open(s, req, key),
+            Timing(request_id=req.request_id),
+            (req.deadline_ms + self.grace_ms) / 1000,
         )
 
-    def submit(
-        self,
-        on_done: OnDone,
-        *,
-        prompt: str,
-        max_tokens: int = contract.DEFAULT_MAX_TOKENS,
-        session: str = "",
-        tenant: str = "default",
-        priority: str = "normal",
-        deadline_ms: int = contract.DEFAULT_DEADLINE_MS,
-        seed: int | None = None,
-        chat: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> Timing:
+    def submit(self, on_done: OnDone, **fields: Unpack[RequestFields]) -> Timing:
         """Send a streamed completion now and return its timing record at once.
 
         ``on_done(timing, tokens)`` runs exactly once when the request has ended: completed, or
@@ -270,40 +224,21 @@ class ZeroLayerClient:
         objects per request: the API for load generators, which want only the record. Raises
         ValueError at once for bad arguments, like :meth:`stream`.
         """
-        request_id = f"{self._id_prefix}{next(self._ids)}"
-        req = prepare(
-            prompt=prompt,
-            max_tokens=max_tokens,
-            request_id=request_id,
-            session=session,
-            tenant=tenant,
-            priority=priority,
-            deadline_ms=deadline_ms,
-            seed=seed,
-            chat=chat,
-            model=self.model,
-            headers=headers,
-        )
-        timing = Timing(request_id=request_id)
+        req = self._issue(fields)
+        timing = Timing(request_id=req.request_id)
         Submission(
             self,
             req,
-            self._candidates(session or request_id),
+            self._candidates(fields.get("session") or req.request_id),
             timing,
             on_done,
-            (deadline_ms + self.grace_ms) / 1000,
+            (req.deadline_ms + self.grace_ms) / 1000,
         ).next_attempt()
         return timing
 
-    async def complete(self, **kwargs: object) -> Completion:
+    async def complete(self, **fields: Unpack[RequestFields]) -> Completion:
         """The whole answer at once; takes ``stream``'s arguments."""
-        async with self.stream(**kwargs) as s:  # type: ignore[arg-type]
-            text = []
-            tokens = 0
-            async for chunk in s:
-                text.append(chunk.text)
-                tokens += chunk.tokens
-        return Completion("".join(text), tokens, s.timing)
+        return await collect(self.stream(**fields))
 
     async def _open(self, stream: Stream, req: Prepared, key: str) -> Response:
         """Try replicas in ring order until one gives a first token, or stop with the error."""

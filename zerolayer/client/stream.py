@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -300,3 +301,23 @@ class Stream:
     async def text(self) -> str:
         """Drain the stream and return its whole text."""
         return "".join([c.text async for c in self])
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole non-streamed answer, with the same timing record a stream gives."""
+
+    text: str
+    tokens: int
+    timing: Timing
+
+
+async def collect(stream: Stream) -> Completion:
+    """Read a stream to its end (``complete`` on both clients)."""
+    async with stream as s:
+        text = []
+        tokens = 0
+        async for chunk in s:
+            text.append(chunk.text)
+            tokens += chunk.tokens
+    return Completion("".join(text), tokens, s.timing)

@@ -5,9 +5,11 @@ No sockets here, so the parsing that runs once per chunk can be tested and profi
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Required, TypedDict
 
 import orjson
 
@@ -148,8 +150,8 @@ def _contract_headers(
 def prepare(
     *,
     prompt: str,
-    max_tokens: int,
     request_id: str,
+    max_tokens: int = contract.DEFAULT_MAX_TOKENS,
     session: str = "",
     tenant: str = "default",
     priority: str = "normal",
@@ -188,3 +190,34 @@ def prepare(
 
 
 _RESERVED = frozenset({"content-length", "content-type", "host", contract.REQUEST_ID})
+
+
+class RequestFields(TypedDict, total=False):
+    """The keyword arguments of every client's ``stream``, ``submit`` and ``complete``.
+
+    One list for all of them: ``prompt`` and the contract's fields (defaults as in
+    :func:`prepare`), ``seed``, ``chat``, and ``headers`` for extra request headers.
+    """
+
+    prompt: Required[str]
+    max_tokens: int
+    session: str
+    tenant: str
+    priority: str
+    deadline_ms: int
+    seed: int | None
+    chat: bool
+    headers: Mapping[str, str] | None
+
+
+class RequestIssuer:
+    """Gives each request of one client a unique id and encodes it once, for either transport."""
+
+    def __init__(self, tag: str, model: str | None) -> None:
+        self._ids = itertools.count()
+        self._prefix = f"{tag}{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
+        self.model = model
+
+    def __call__(self, fields: RequestFields) -> Prepared:
+        """Raises ValueError for bad values (and TypeError for unknown fields) at once."""
+        return prepare(request_id=f"{self._prefix}{next(self._ids)}", model=self.model, **fields)
