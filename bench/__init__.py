@@ -1,1 +1,1 @@
-"""bench: profiles, loaders, metrics, telemetry and the report."""
+"""bench: the programs a user runs: ``zl-bench`` (run, report, compare, ...) and its benchmarks."""

@@ -26,15 +26,15 @@ from typing import Any
 import psutil
 import uvloop
 
-from bench.loaders.base import LoadResult
-from bench.loaders.k6 import run_k6
-from bench.loaders.locust import run_locust
-from bench.loaders.native import run_native
-from bench.loaders.tls import self_signed
-from bench.metrics import LAG_LIMIT_MS
-from bench.profile import load_profile
-from bench.stacks import ReplicaProcess
-from bench.workload import Schedule, build_schedule
+from harness.loaders.base import LoadResult
+from harness.loaders.k6 import run_k6
+from harness.loaders.locust import run_locust
+from harness.loaders.native import run_native
+from harness.loaders.tls import self_signed
+from harness.metrics import LAG_LIMIT_MS
+from harness.profile import load_profile
+from harness.stacks import ReplicaProcess
+from harness.workload import Schedule, build_schedule
 
 K6_CLOCK_RESOLUTION_MS = 1.0
 

@@ -33,11 +33,11 @@ import numpy as np
 import psutil
 import uvloop
 
-from bench.loaders.native import wait_until
-from bench.stacks import ReplicaProcess
+from harness.loaders.native import wait_until
+from harness.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.engine import EngineRequest, NullEngine
-from zerolayer.engine.tokens import count_prompt_tokens
+from zerolayer.wire.tokens import count_prompt_tokens
 
 Send = Callable[[], Awaitable[None]]
 Teardown = Callable[[], Awaitable[None]]

@@ -26,13 +26,13 @@ from typing import Any
 import orjson
 import psutil
 
-from bench import schema
-from bench.capacity import preflight
-from bench.loaders.base import LOADERS, LoadResult
-from bench.metrics import summarize
-from bench.profile import Profile, load_profile
-from bench.stacks import STACKS, StackHandle, external, start_baseline_stack, start_zerolayer
-from bench.telemetry import (
+from harness import schema
+from harness.capacity import preflight
+from harness.loaders.base import LOADERS, LoadResult
+from harness.metrics import summarize
+from harness.profile import Profile, load_profile
+from harness.stacks import STACKS, StackHandle, external, start_baseline_stack, start_zerolayer
+from harness.telemetry import (
     Component,
     EngineSource,
     EngineTarget,
@@ -41,7 +41,7 @@ from bench.telemetry import (
     ProcessSource,
     Sampler,
 )
-from bench.workload import build_schedule
+from harness.workload import build_schedule
 from zerolayer.engine import SimConfig
 
 SCALES = ("smoke", "laptop", "seed")
@@ -240,7 +240,7 @@ def _run_profile(
     phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
     try:
         if config.loader == "native":
-            from bench.loaders.native import run_native
+            from harness.loaders.native import run_native
 
             return asyncio.run(
                 run_native(
@@ -254,7 +254,7 @@ def _run_profile(
             )
         workdir = run.path / "loader" / f"{stack.name}-{profile.name}"
         if config.loader == "k6":
-            from bench.loaders.k6 import run_k6
+            from harness.loaders.k6 import run_k6
 
             return run_k6(
                 schedule,
@@ -267,7 +267,7 @@ def _run_profile(
                 records_path=records,
                 process=profile.process,
             )
-        from bench.loaders.locust import run_locust
+        from harness.loaders.locust import run_locust
 
         return run_locust(
             schedule,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from zerolayer.contract import parse_headers
-from zerolayer.engine.types import PRIORITY_NORMAL, EngineStats
+from zerolayer.engine.types import EngineStats
 from zerolayer.scheduler import QueueState, SchedulerConfig, decide
+from zerolayer.wire.contract import PRIORITY_NORMAL, parse_headers
 
 
 def test_admission_decision_cost(benchmark) -> None:

@@ -18,12 +18,12 @@ import h2.events
 import uvloop
 from hpack import Decoder
 
-from zerolayer.client.hpackdec import FastDecoder
-from zerolayer.client.hpackenc import LiteralEncoder
 from zerolayer.client.wire import prepare
 from zerolayer.engine import make_engine
 from zerolayer.server.core import Replica
 from zerolayer.server.h2proto import H2Handler
+from zerolayer.wire.hpackdec import FastDecoder
+from zerolayer.wire.hpackenc import LiteralEncoder
 
 PREFIX = [
     (b":method", b"POST"),

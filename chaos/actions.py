@@ -311,9 +311,9 @@ async def _pressure(
     hold_s: float,
     deadline_ms: int,
 ) -> dict[str, Any]:
-    from bench.workload import make_prompt
+    from harness.workload import make_prompt
     from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
-    from zerolayer.engine.tokens import BYTES_PER_TOKEN
+    from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
     session = f"kv-pressure-{index}"
     client: Any

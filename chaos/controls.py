@@ -26,14 +26,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from bench.loaders.base import DEFAULT_GRACE_S, LoadResult
-from bench.loaders.native import client_sender, run_schedule
-from bench.profile import Profile, load_profile
-from bench.schema import JsonlWriter
-from bench.telemetry import Component, PhaseLog, ProcessSource, Sampler
-from bench.workload import PlannedRequest, build_schedule
 from chaos.actions import live_pids
 from chaos.targets import Target, load_target
+from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
+from harness.loaders.native import client_sender, run_schedule
+from harness.profile import Profile, load_profile
+from harness.schema import JsonlWriter
+from harness.telemetry import Component, PhaseLog, ProcessSource, Sampler
+from harness.workload import PlannedRequest, build_schedule
 
 PROFILE: Final = "d_fault"
 STACK_ROLES: Final = {

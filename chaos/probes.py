@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bench.schema import RequestRecord, read_requests
 from chaos.actions import live_pids
 from chaos.targets import load_target
+from harness.schema import RequestRecord, read_requests
 
 NS: Final = 1_000_000_000
 DEFAULT_WINDOW_S: Final = 2.0

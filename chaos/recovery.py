@@ -28,9 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from bench.schema import RequestRecord, read_jsonl, read_requests
 from chaos.probes import NS, SliSeries, Verdict
 from chaos.targets import Target
+from harness.schema import RequestRecord, read_jsonl, read_requests
 
 STEP_S: Final = 0.05
 FRONT_ROLES: Final = frozenset({"orchestrator", "proxy", "controller"})

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bench.profile import load_profile
-from bench.schema import CHAOS_DIR, requests_file
 from chaos.actions import wait_ready
 from chaos.recovery import Recovery, compute_from_files
 from chaos.stacks import baseline_stack, zerolayer_stack
 from chaos.targets import read_target
+from harness.profile import load_profile
+from harness.schema import CHAOS_DIR, requests_file
 
 EXPERIMENT_DIR: Final = Path(__file__).parent / "experiments"
 STACKS: Final = ("zerolayer", "baseline")

@@ -22,10 +22,10 @@ from typing import Any, Final
 
 import psutil
 
-from bench.stacks import LISTENING, engine_args
 from chaos.actions import alive, spawn_replica
 from chaos.netproxy import NetProxy
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
+from harness.stacks import LISTENING, engine_args
 
 START_TIMEOUT_S: Final = 30.0
 STOP_TIMEOUT_S: Final = 10.0

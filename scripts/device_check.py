@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.loaders.native import engine_sender, run_native, run_schedule
-from bench.stacks import ReplicaProcess
-from bench.telemetry.nvml import NvmlSource
-from bench.workload import PlannedRequest
+from harness.loaders.native import engine_sender, run_native, run_schedule
+from harness.stacks import ReplicaProcess
+from harness.telemetry.nvml import NvmlSource
+from harness.workload import PlannedRequest
 
 SHAPE = "llama-3.2-1b"
 SAMPLE_S = 0.25

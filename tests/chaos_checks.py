@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.schema import read_requests, requests_file
 from chaos import probes, runner
 from chaos.actions import wait_ready
 from chaos.recovery import Recovery
+from harness.schema import read_requests, requests_file
 
 EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
 SCALE = "smoke"

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from bench import metrics, schema
-from bench.telemetry import (
+from harness import metrics, schema
+from harness.telemetry import (
     Component,
     EngineSource,
     EngineTarget,
@@ -28,7 +28,7 @@ from bench.telemetry import (
     ProcessSource,
     Sampler,
 )
-from bench.workload import arrival_offsets
+from harness.workload import arrival_offsets
 from zerolayer.engine import EngineError, EngineRequest, SimConfig, SimEngine
 
 # a small KV cache so occupancy and waste move visibly at test scale

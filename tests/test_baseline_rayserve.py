@@ -24,7 +24,7 @@ import pytest
 from baselines.rayserve import BaselineHandle, start_baseline
 from baselines.rayserve.config import TenantBudget
 from zerolayer.engine import EngineRequest, make_engine
-from zerolayer.engine.tokens import count_prompt_tokens, request_seed
+from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 ENGINE_OPTIONS: dict[str, Any] = {"max_num_seqs": 64}
 INFLIGHT = 16

@@ -8,8 +8,8 @@ import pytest
 
 from baselines.rayserve.admission import MIN_RETRY_AFTER_MS, FifoGate, TokenBuckets
 from baselines.rayserve.config import CONSISTENT_HASH_ROUTER, POW2_ROUTER, BaselineConfig
-from zerolayer.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
-from zerolayer.engine.tokens import request_seed
+from zerolayer.wire.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
+from zerolayer.wire.tokens import request_seed
 
 
 def test_bucket_charges_until_empty_then_says_when_to_retry() -> None:

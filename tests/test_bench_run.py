@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench import schema
+from harness import schema
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 SMOKE_LIMIT_S = 600

@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.schema import RequestRecord
 from chaos import actions, netproxy, probes, recovery
 from chaos.controls import StoppableSchedule
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
+from harness.schema import RequestRecord
 
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS

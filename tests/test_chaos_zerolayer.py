@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from chaos_checks import EXPERIMENTS, SCALE, run_and_check
 
-from bench.schema import read_jsonl, read_requests, requests_file
 from chaos import runner
 from chaos.actions import alive
 from chaos.stacks import zerolayer_stack
 from chaos.targets import read_target
+from harness.schema import read_jsonl, read_requests, requests_file
 
 STACK = "zerolayer"
 

@@ -13,8 +13,8 @@ from hpack.exceptions import HPACKDecodingError, InvalidTableSizeError, Oversize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.client.hpackdec import FastDecoder
-from zerolayer.client.hpackenc import LiteralEncoder
+from zerolayer.wire.hpackdec import FastDecoder
+from zerolayer.wire.hpackenc import LiteralEncoder
 
 _names = st.sampled_from(
     [b":method", b":path", b"content-type", b"zl-session", b"zl-tenant", b"x-long-" + b"n" * 150]

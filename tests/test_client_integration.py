@@ -19,13 +19,13 @@ import psutil
 import pytest
 import uvloop
 
-from bench.loaders.tls import self_signed
-from bench.stacks import ReplicaProcess
+from harness.loaders.tls import self_signed
+from harness.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
 from zerolayer.engine import NullEngine
-from zerolayer.engine.tokens import count_prompt_tokens, request_seed
 from zerolayer.engine.types import EngineRequest
+from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 Spawn = Callable[..., ReplicaProcess]
 

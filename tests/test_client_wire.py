@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from zerolayer import contract
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import CONNECTION_LOST, STREAM_RESET, Timing
 from zerolayer.client.wire import SSEParser, prepare
-from zerolayer.engine.tokens import count_prompt_tokens
+from zerolayer.wire import contract
+from zerolayer.wire.tokens import count_prompt_tokens
 
 
 def sse(obj: object) -> bytes:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import uvloop
 
-from bench.loaders.k6 import run_k6
-from bench.loaders.locust import run_locust
-from bench.loaders.native import run_native
-from bench.loaders.tls import client_context, self_signed
-from bench.profile import load_profile
-from bench.stacks import ReplicaProcess
-from bench.workload import build_schedule
+from harness.loaders.k6 import run_k6
+from harness.loaders.locust import run_locust
+from harness.loaders.native import run_native
+from harness.loaders.tls import client_context, self_signed
+from harness.profile import load_profile
+from harness.stacks import ReplicaProcess
+from harness.workload import build_schedule
 
 
 def test_three_loaders_agree_on_profile_a(tmp_path: Path) -> None:

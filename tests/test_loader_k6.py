@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.loaders.k6 import console_lines, k6_binary, parse_run, run_k6, write_inputs
-from bench.loaders.tls import self_signed
-from bench.profile import load_profile
-from bench.schema import read_requests
-from bench.stacks import ReplicaProcess
-from bench.workload import Schedule, build_schedule
+from harness.loaders.k6 import console_lines, k6_binary, parse_run, run_k6, write_inputs
+from harness.loaders.tls import self_signed
+from harness.profile import load_profile
+from harness.schema import read_requests
+from harness.stacks import ReplicaProcess
+from harness.workload import Schedule, build_schedule
 
 
 def _schedule(

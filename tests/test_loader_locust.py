@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bench.loaders.locust import run_locust
-from bench.profile import load_profile
-from bench.schema import read_requests
-from bench.stacks import ReplicaProcess
-from bench.workload import Schedule, build_schedule
+from harness.loaders.locust import run_locust
+from harness.profile import load_profile
+from harness.schema import read_requests
+from harness.stacks import ReplicaProcess
+from harness.workload import Schedule, build_schedule
 
 
 def _schedule(

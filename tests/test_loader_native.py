@@ -15,12 +15,12 @@ import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.loaders.base import LoadResult, RequestFailed
-from bench.loaders.native import NOT_SENT, engine_sender, run_native, run_schedule
-from bench.profile import Profile, load_profile
-from bench.schema import OUTCOMES, RequestRecord, read_requests
-from bench.stacks import ReplicaProcess
-from bench.workload import PlannedRequest, build_schedule
+from harness.loaders.base import LoadResult, RequestFailed
+from harness.loaders.native import NOT_SENT, engine_sender, run_native, run_schedule
+from harness.profile import Profile, load_profile
+from harness.schema import OUTCOMES, RequestRecord, read_requests
+from harness.stacks import ReplicaProcess
+from harness.workload import PlannedRequest, build_schedule
 from zerolayer.engine import NullEngine, SimEngine
 
 T = TypeVar("T")

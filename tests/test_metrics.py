@@ -1,11 +1,11 @@
-"""bench.metrics against values worked out by hand for a small set of records."""
+"""harness.metrics against values worked out by hand for a small set of records."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.metrics import (
+from harness.metrics import (
     describe,
     hdr_decode,
     hdr_encode,
@@ -15,7 +15,7 @@ from bench.metrics import (
     summarize,
     validity,
 )
-from bench.schema import RequestRecord
+from harness.schema import RequestRecord
 
 MS = 1_000_000
 

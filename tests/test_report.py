@@ -10,9 +10,9 @@ import orjson
 import pytest
 from simrun import make_run
 
-from bench import metrics, schema
 from bench.cli import main as cli_main
 from bench.report import claims, html, load_run, plots
+from harness import metrics, schema
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.contract import (
-    DEADLINE_EXCEEDED,
-    KV_EXHAUSTED,
-    PROMPT_TOO_LONG,
-    QUEUE_FULL,
-    RequestMeta,
-)
 from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.types import PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NORMAL, EngineStats
+from zerolayer.engine.types import EngineStats
 from zerolayer.scheduler import (
     AdmissionQueue,
     QueueState,
@@ -21,6 +14,16 @@ from zerolayer.scheduler import (
     decide,
     engine_has_room,
     estimated_wait_ms,
+)
+from zerolayer.wire.contract import (
+    DEADLINE_EXCEEDED,
+    KV_EXHAUSTED,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    PRIORITY_NORMAL,
+    PROMPT_TOO_LONG,
+    QUEUE_FULL,
+    RequestMeta,
 )
 
 CONFIG = SchedulerConfig(max_model_len=4096, token_budget=1024, max_queue=(8, 4, 2))

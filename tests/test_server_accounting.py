@@ -10,8 +10,8 @@ from server_client import H2Client, run, wait_all
 
 from zerolayer.accounting import Accounting, read_jsonl
 from zerolayer.engine import SimConfig, SimEngine
-from zerolayer.engine.tokens import count_prompt_tokens
 from zerolayer.server import start_replica
+from zerolayer.wire.tokens import count_prompt_tokens
 
 
 def test_ring_flushes_to_jsonl_and_counts_drops(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ import pytest
 from server_client import H2Client, run, wait_all
 
 from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.tokens import count_prompt_tokens, detokenize, request_seed, token_ids
+from zerolayer.engine.tokens import detokenize, token_ids
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server import start_replica
+from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 NO_ERROR = 0
 CANCEL = 8

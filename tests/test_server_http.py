@@ -10,10 +10,11 @@ import orjson
 import pytest
 from server_client import H2Client, run, wait_all
 
-from bench.loaders.tls import client_context, self_signed
+from harness.loaders.tls import client_context, self_signed
 from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.tokens import detokenize, request_seed, token_ids
+from zerolayer.engine.tokens import detokenize, token_ids
 from zerolayer.server import start_replica
+from zerolayer.wire.tokens import request_seed
 
 SMALL = {"model_shape": "llama-3.2-1b"}
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from bench.schema import read_jsonl
-from bench.telemetry import (
+from harness.schema import read_jsonl
+from harness.telemetry import (
     Availability,
     Component,
     EngineSource,
@@ -28,7 +28,7 @@ from bench.telemetry import (
     Sampler,
     parse_prometheus,
 )
-from bench.telemetry.engine import stats_row
+from harness.telemetry.engine import stats_row
 from zerolayer.engine import EngineRequest, EngineStats, SimConfig, SimEngine
 
 

@@ -240,9 +240,9 @@ def test_real_shapes_match_the_shared_profile() -> None:
 
 def test_replica_streams_the_torch_engines_tokens_over_h2c() -> None:
     """``zl-replica --engine torch`` (tiny, CPU) streams over h2c exactly what the engine yields."""
-    from bench.stacks import ReplicaProcess
+    from harness.stacks import ReplicaProcess
     from zerolayer.client import ZeroLayerClient
-    from zerolayer.engine.tokens import count_prompt_tokens, request_seed
+    from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
     prompt = "tell me about paging"
     options = ["--model-shape", "tiny", "--option", "device=cpu", "--option", "kv_layout=paged"]

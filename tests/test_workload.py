@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.capacity import predict, preflight
-from bench.profile import PROFILES, SCALES, load_profile, resolve_name
-from bench.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
-from zerolayer.engine.tokens import count_prompt_tokens
+from harness.capacity import predict, preflight
+from harness.profile import PROFILES, SCALES, load_profile, resolve_name
+from harness.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
+from zerolayer.wire.tokens import count_prompt_tokens
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -36,7 +36,7 @@ def test_scales_grow_and_d_extends_a() -> None:
 
 
 def test_bad_profiles_are_refused(tmp_path: Path) -> None:
-    base = (Path(__file__).parents[1] / "bench/profiles/a_latency.toml").read_text()
+    base = (Path(__file__).parents[1] / "harness/profiles/a_latency.toml").read_text()
     bad = tmp_path / "bad.toml"
     bad.write_text(base.replace("max_tokens = 128", "max_tokens = 128\nmax_tokns = 3"))
     with pytest.raises(ValueError, match="unknown keys"):

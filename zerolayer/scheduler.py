@@ -26,15 +26,18 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from zerolayer.contract import (
+from zerolayer.engine.types import EngineStats
+from zerolayer.wire.contract import (
     DEADLINE_EXCEEDED,
     KV_EXHAUSTED,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    PRIORITY_NORMAL,
     PROMPT_TOO_LONG,
     QUEUE_FULL,
     ErrorCode,
     RequestMeta,
 )
-from zerolayer.engine.types import PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NORMAL, EngineStats
 
 NUM_CLASSES: Final = 3
 CLASSES: Final = (PRIORITY_HIGH, PRIORITY_NORMAL, PRIORITY_LOW)

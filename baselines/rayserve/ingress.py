@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from baselines.rayserve.admission import FifoGate, TokenBuckets
-from zerolayer.contract import (
+from zerolayer.wire.contract import (
     DEADLINE_EXCEEDED,
     ENGINE_DOWN,
     ERRORS,
@@ -40,7 +40,7 @@ from zerolayer.contract import (
     error_headers,
     parse_headers,
 )
-from zerolayer.server.openai import (
+from zerolayer.wire.openai import (
     CHAT,
     COMPLETIONS,
     Body,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from bench import schema
 from bench.report.data import RunData
-from bench.telemetry.process import LAYER_ROLES
+from harness import schema
+from harness.telemetry.process import LAYER_ROLES
 
 ZEROLAYER = "zerolayer"
 BASELINE = "baseline"

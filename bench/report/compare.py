@@ -4,7 +4,7 @@ For every (stack, profile) in both runs and every compared metric, the differenc
 percentile bootstrap interval from resampling whole requests (so a request's ITL gaps stay
 together). A change is flagged as a regression when the interval excludes zero in the worse
 direction *and* the change is beyond the threshold: statistically real and big enough to matter.
-Point values are bench.metrics' own; the resampled statistics use the same functions.
+Point values are harness.metrics' own; the resampled statistics use the same functions.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import metrics, schema
 from bench.report.data import RunData, load_run
+from harness import metrics, schema
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from bench import metrics, schema
+from harness import metrics, schema
 
 _REQUESTS_RE = re.compile(r"^requests-(?P<stack>.+)-(?P<profile>[^-]+)\.jsonl$")
 

@@ -11,9 +11,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from bench import schema
 from bench.report import claims, plots
 from bench.report.data import RunData, load_run
+from harness import schema
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "{:.0f}"),

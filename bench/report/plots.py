@@ -3,7 +3,7 @@
 Each function takes a :class:`RunData` and returns a pyplot-free Figure whose title names the
 run's scale and whose axes carry units; ``render_all`` writes them all to ``plots/``. The
 notebook calls the same functions, so a researcher redraws exactly what the report shows.
-Per-request values come from ``bench.metrics.series``: plots and tables share one definition.
+Per-request values come from ``harness.metrics.series``: plots and tables share one definition.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from bench import metrics, schema
 from bench.report.data import RunData
+from harness import metrics, schema
 
 STACK_COLORS = {"zerolayer": "#1f77b4", "baseline": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")

@@ -21,9 +21,9 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from zerolayer.client.h2base import H2State
-from zerolayer.client.hpackenc import LiteralEncoder
 from zerolayer.client.stream import Response
+from zerolayer.wire.h2base import H2State
+from zerolayer.wire.hpackenc import LiteralEncoder
 
 RECV_WINDOW = 1 << 24
 DEFAULT_MAX_STREAMS = 100

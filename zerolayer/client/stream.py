@@ -20,7 +20,6 @@ from typing import Any
 
 import orjson
 
-from zerolayer import contract
 from zerolayer.client.timing import (
     CLIENT_TIMEOUT,
     CONNECTION_LOST,
@@ -29,6 +28,7 @@ from zerolayer.client.timing import (
     Timing,
 )
 from zerolayer.client.wire import DONE, Chunk, SSEParser, ZeroLayerError, server_error
+from zerolayer.wire import contract
 
 _now = time.time_ns
 _loads = orjson.loads

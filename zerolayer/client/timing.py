@@ -1,7 +1,7 @@
 """The per-request timing record both client transports fill in, for the loaders to save.
 
 Wall-clock nanoseconds (``time.time_ns``) so records line up with telemetry from other processes;
-the loaders turn one of these into a ``bench.schema.RequestRecord``.
+the loaders turn one of these into a ``harness.schema.RequestRecord``.
 """
 
 from __future__ import annotations

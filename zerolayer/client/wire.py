@@ -13,8 +13,8 @@ from typing import Any, NamedTuple, Required, TypedDict
 
 import orjson
 
-from zerolayer import contract
-from zerolayer.engine.tokens import count_prompt_tokens
+from zerolayer.wire import contract
+from zerolayer.wire.tokens import count_prompt_tokens
 
 DONE = b"[DONE]"
 # Refusals that say the replica itself is going away: the client marks it down at once.

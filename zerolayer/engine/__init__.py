@@ -11,9 +11,6 @@ from typing import Any
 from zerolayer.engine.null import NullEngine
 from zerolayer.engine.sim import SimConfig, SimEngine
 from zerolayer.engine.types import (
-    PRIORITY_HIGH,
-    PRIORITY_LOW,
-    PRIORITY_NORMAL,
     Engine,
     EngineError,
     EngineRequest,
@@ -25,9 +22,6 @@ ENGINES = ("sim", "null", "torch", "vllm")
 
 __all__ = [
     "ENGINES",
-    "PRIORITY_HIGH",
-    "PRIORITY_LOW",
-    "PRIORITY_NORMAL",
     "Engine",
     "EngineError",
     "EngineRequest",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from array import array
 
 import numpy as np
-import xxhash
 
 VOCAB_SIZE = 4096
-BYTES_PER_TOKEN = 4
 _SYLLABLES = (
     "ka",
     "lo",
@@ -59,18 +56,3 @@ def detokenize(ids: list[int]) -> str:
     """Text for token ids; a fixed vocabulary so byte counts are realistic but cheap."""
     vocab = VOCAB
     return "".join([vocab[i] for i in ids])
-
-
-def count_prompt_tokens(text: str) -> int:
-    """The token count the engines charge for a prompt: about four UTF-8 bytes per token."""
-    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
-
-
-def request_seed(prompt: str, seed: int | None) -> int:
-    """The token seed for a request: the body's ``seed`` if given, else xxh64 of the prompt.
-
-    Every stack derives the seed here, so the same request returns the same stream everywhere.
-    """
-    if seed is not None:
-        return seed
-    return xxhash.xxh64_intdigest(prompt.encode())

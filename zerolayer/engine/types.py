@@ -6,9 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-PRIORITY_HIGH = 0
-PRIORITY_NORMAL = 1
-PRIORITY_LOW = 2
+from zerolayer.wire.contract import PRIORITY_NORMAL
 
 
 @dataclass(slots=True)

@@ -24,9 +24,19 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any, Final, Protocol
 
-from zerolayer import contract
 from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
-from zerolayer.contract import (
+from zerolayer.engine.types import EngineError, EngineRequest, TokenChunk
+from zerolayer.scheduler import (
+    AdmissionQueue,
+    SchedulerConfig,
+    blocks_for,
+    decide,
+    engine_has_room,
+)
+from zerolayer.server import status
+from zerolayer.server.eager import start_eager
+from zerolayer.wire import contract, openai
+from zerolayer.wire.contract import (
     BAD_REQUEST,
     DEADLINE_EXCEEDED,
     DRAINING,
@@ -39,17 +49,7 @@ from zerolayer.contract import (
     ErrorCode,
     RequestMeta,
 )
-from zerolayer.engine.types import EngineError, EngineRequest, TokenChunk
-from zerolayer.scheduler import (
-    AdmissionQueue,
-    SchedulerConfig,
-    blocks_for,
-    decide,
-    engine_has_room,
-)
-from zerolayer.server import openai, status
-from zerolayer.server.eager import start_eager
-from zerolayer.server.openai import CHAT, COMPLETIONS, Body, Framer
+from zerolayer.wire.openai import CHAT, COMPLETIONS, Body, Framer
 
 log = logging.getLogger("zerolayer.server")
 

@@ -25,8 +25,8 @@ import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 
-from zerolayer.client.h2base import H2State
-from zerolayer.client.hpackenc import LiteralEncoder
+from zerolayer.wire.h2base import H2State
+from zerolayer.wire.hpackenc import LiteralEncoder
 
 if TYPE_CHECKING:
     from zerolayer.server.core import Call, Replica

@@ -1,7 +1,7 @@
 """What every loader shares: the result it hands back and how it is summarised.
 
-Each loader writes one ``bench.schema.RequestRecord`` per scheduled request to a JSONL file as
-it goes and returns a LoadResult whose summary comes from ``bench.metrics`` (the one home of
+Each loader writes one ``harness.schema.RequestRecord`` per scheduled request to a JSONL file as
+it goes and returns a LoadResult whose summary comes from ``harness.metrics`` (the one home of
 metric definitions), so the three loaders are compared on the same arithmetic.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from bench.metrics import LAG_FRACTION_OF_MEDIAN, summarize
-from bench.schema import RequestRecord
-from bench.workload import PlannedRequest, filler_text
+from harness.metrics import LAG_FRACTION_OF_MEDIAN, summarize
+from harness.schema import RequestRecord
+from harness.workload import PlannedRequest, filler_text
 
 LOADERS: Final = ("native", "k6", "locust")
 DEFAULT_GRACE_S: Final = 5.0
@@ -118,7 +118,7 @@ def make_result(
     extra_reasons: Sequence[str] = (),
     extra: dict[str, Any] | None = None,
 ) -> LoadResult:
-    """Summarise records (``bench.metrics.summarize``) and add loader-specific invalid reasons."""
+    """Summarise records (``harness.metrics.summarize``) and add loader-specific invalid reasons."""
     summary = summarize(records, duration_s, slos_ms, lag_fraction=lag_fraction)
     summary.update(stack=stack, profile=profile, loader=loader)
     if extra_reasons:

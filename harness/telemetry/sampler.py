@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from bench.schema import JsonlWriter
+from harness.schema import JsonlWriter
 
 IDLE_PHASE = "idle"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.telemetry.sampler import Availability
+from harness.telemetry.sampler import Availability
 from zerolayer.engine.types import Engine, EngineStats
 
 # Prometheus names a replica exports -> row keys. vLLM's names first (kv_cache_usage_perc is a

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import orjson
 
-from zerolayer.contract import (
+from zerolayer.wire.contract import (
     BAD_REQUEST,
     DEFAULT_MAX_TOKENS,
     MAX_OUTPUT_TOKENS,
@@ -21,7 +21,7 @@ from zerolayer.contract import (
     ErrorCode,
     RequestMeta,
 )
-from zerolayer.engine.tokens import count_prompt_tokens, request_seed
+from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 COMPLETIONS: Final = "completions"
 CHAT: Final = "chat"

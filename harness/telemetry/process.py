@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from bench.telemetry.sampler import Availability
+from harness.telemetry.sampler import Availability
 
 ROLES = ("loader", "replica", "proxy", "controller", "orchestrator", "engine", "other")
 LAYER_ROLES = ("proxy", "controller", "orchestrator")

@@ -37,10 +37,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from bench.loaders.base import DEFAULT_GRACE_S, LoadResult, RequestFailed, make_result, new_record
-from bench.metrics import LAG_FRACTION_OF_MEDIAN
-from bench.schema import JsonlWriter, RequestRecord
-from bench.workload import PlannedRequest
+from harness.loaders.base import DEFAULT_GRACE_S, LoadResult, RequestFailed, make_result, new_record
+from harness.metrics import LAG_FRACTION_OF_MEDIAN
+from harness.schema import JsonlWriter, RequestRecord
+from harness.workload import PlannedRequest
 from zerolayer.engine import Engine, EngineError, EngineRequest
 
 SendFn = Callable[[PlannedRequest, RequestRecord], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""Load profiles: one TOML file each in ``bench/profiles/``, at three scales.
+"""Load profiles: one TOML file each in ``harness/profiles/``, at three scales.
 
 The scales are ``smoke``, ``laptop`` and ``seed``. A profile fixes the request shapes (classes
 with prompt size and output length), the arrival process and, per scale, the rate, duration and
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from zerolayer.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
-from zerolayer.engine.tokens import BYTES_PER_TOKEN
+from zerolayer.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
+from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
 PROFILE_DIR: Final = Path(__file__).parent / "profiles"
 PROFILES: Final = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")

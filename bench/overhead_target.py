@@ -4,7 +4,7 @@
 request takes is the middle layer's own cost, and returns its URL and teardown. ``target`` plugs
 it into the benchmark::
 
-    python -m bench.overhead --target rs=baselines.rayserve.overhead_target:target
+    python -m bench.overhead --target rs=bench.overhead_target:target
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Loaders: ``native`` (open-loop asyncio, the default), ``k6`` and ``locust``."""
 
-from bench.loaders.base import LOADERS, LoadResult, RequestFailed
+from harness.loaders.base import LOADERS, LoadResult, RequestFailed
 
 __all__ = ["LOADERS", "LoadResult", "RequestFailed"]

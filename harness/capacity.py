@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from bench.profile import Profile
+from harness.profile import Profile
 from zerolayer.engine.sim import SimConfig
 from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.telemetry.sampler import Availability
+from harness.telemetry.sampler import Availability
 
 # nvmlValueType_t -> the c_nvmlValue_t union member holding that type
 _VALUE_FIELDS = dict(enumerate(("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")))

@@ -4,10 +4,10 @@ Every sample lands in ``telemetry.jsonl`` on an absolute schedule with the run p
 so the report can line samples up with requests and faults without guessing.
 """
 
-from bench.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
-from bench.telemetry.nvml import NvmlSource
-from bench.telemetry.process import Component, ProcessSource
-from bench.telemetry.sampler import Availability, PhaseLog, Sampler, Source
+from harness.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
+from harness.telemetry.nvml import NvmlSource
+from harness.telemetry.process import Component, ProcessSource
+from harness.telemetry.sampler import Availability, PhaseLog, Sampler, Source
 
 __all__ = [
     "Availability",

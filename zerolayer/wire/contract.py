@@ -11,7 +11,10 @@ from typing import Final
 
 import orjson
 
-from zerolayer.engine.types import PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NORMAL
+# Priority classes, most urgent first (the scheduler orders on these numbers).
+PRIORITY_HIGH: Final = 0
+PRIORITY_NORMAL: Final = 1
+PRIORITY_LOW: Final = 2
 
 SESSION: Final = "zl-session"
 TENANT: Final = "zl-tenant"

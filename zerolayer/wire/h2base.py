@@ -18,7 +18,7 @@ from __future__ import annotations
 import h2.config
 import h2.connection
 
-from zerolayer.client.hpackdec import FastDecoder
+from zerolayer.wire.hpackdec import FastDecoder
 
 RESCAN_MARGIN = 64
 

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from bench.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
-from bench.schema import JsonlWriter, RequestRecord
-from bench.workload import PlannedRequest
-from zerolayer import contract
+from harness.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
+from harness.schema import JsonlWriter, RequestRecord
+from harness.workload import PlannedRequest
+from zerolayer.wire import contract
 
 K6_NOT_STARTED: Final = "not_sent"
 K6_TIMEOUT_CODE: Final = 1050

@@ -25,7 +25,7 @@ from typing import Any, Final
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from bench.schema import RequestRecord
+from harness.schema import RequestRecord
 
 PERCENTILES: Final = (50.0, 90.0, 95.0, 99.0, 99.9)
 SERIES: Final = (

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.profile import Profile, RequestClass
-from zerolayer.engine.tokens import BYTES_PER_TOKEN, count_prompt_tokens, detokenize, token_ids
+from harness.profile import Profile, RequestClass
+from zerolayer.engine.tokens import detokenize, token_ids
+from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 
 def arrival_offsets(

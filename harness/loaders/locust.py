@@ -22,16 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
-from bench.schema import JsonlWriter, RequestRecord, read_requests
-from bench.workload import PlannedRequest
-from zerolayer import contract
+from harness.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
+from harness.schema import JsonlWriter, RequestRecord, read_requests
+from harness.workload import PlannedRequest
+from zerolayer.wire import contract
 
 SPAWN_RATE = 100
 _CHILD = (
     "from gevent import monkey; monkey.patch_all()\n"
     "import sys\n"
-    "from bench.loaders.locust import main\n"
+    "from harness.loaders.locust import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from locust.env import Environment
     from locust.exception import StopUser
 
-    args = argparse.ArgumentParser(prog="bench.loaders.locust", description="the locust child")
+    args = argparse.ArgumentParser(prog="harness.loaders.locust", description="the locust child")
     args.add_argument("config")
     cfg = json.loads(Path(args.parse_args(argv).config).read_text())
     plan = json.loads(Path(cfg["plan"]).read_text())
