@@ -1,5 +1,5 @@
-"""Sessions: ``bench`` (the main job), ``tests`` (what CI runs), ``lint``, ``chaos``,
-``benchmarks`` (pytest-benchmark micro-benchmarks) and ``overhead`` (the layer-cost benchmark)."""
+"""Sessions: ``bench`` (the main job), ``tests`` (what CI runs), ``lint`` (ruff, import
+contracts, mypy), ``chaos``, ``benchmarks`` (pytest-benchmark), ``overhead`` and ``fidelity``."""
 
 from __future__ import annotations
 
@@ -23,28 +23,33 @@ def bench(session: nox.Session) -> None:
     session.run("zl-bench", "run", *session.posargs)
 
 
+def _install_dev(session: nox.Session) -> None:
+    """The project, its test tools and the CPU torch: what the tests and the type checker see."""
+    session.install("-e", ".[dev]", TORCH_CPU, "safetensors>=0.4,<1")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (CPU only; GPU tests skip with their reason); arguments go to pytest."""
-    session.install("-e", ".[dev]", TORCH_CPU, "safetensors>=0.4,<1")
+    _install_dev(session)
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff>=0.6,<1")
+    """ruff, the import contracts (import-linter: the layers and no cycles) and mypy."""
+    _install_dev(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)
 def chaos(session: nox.Session) -> None:
-    """Every chaos experiment on both stacks; arguments go to ``python -m chaos.runner``."""
+    """Every chaos experiment on both stacks; arguments go to ``zl-bench chaos``."""
     session.install("-e", ".")
-    args = session.posargs or ["--scale", "laptop"]
-    for stack in ("zerolayer", "baseline"):
-        session.run("python", "-m", "chaos.runner", "--stack", stack, *args)
+    session.run("zl-bench", "chaos", *(session.posargs or ["--scale", "laptop"]))
 
 
 @nox.session(python=PYTHON)
@@ -56,13 +61,13 @@ def benchmarks(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def overhead(session: nox.Session) -> None:
-    """What each stack adds over an in-process null engine; arguments go to bench.overhead."""
+    """What each stack adds over an in-process null engine; arguments go to zl-bench overhead."""
     session.install("-e", ".")
-    session.run("python", "-m", "bench.overhead", *session.posargs)
+    session.run("zl-bench", "overhead", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def fidelity(session: nox.Session) -> None:
     """The sim engine against its step-time model: 256 concurrent requests, drift and CPU share."""
     session.install("-e", ".")
-    session.run("python", "-m", "bench.fidelity", *session.posargs)
+    session.run("zl-bench", "fidelity", *session.posargs)

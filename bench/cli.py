@@ -1,9 +1,10 @@
-"""``zl-bench``: the suite's command line.
+"""``zl-bench``: the suite's one command line.
 
-``report RUN`` re-renders plots and report.html from saved results; ``compare A B`` puts two runs
-side by side. Other subcommands live in their own modules and register themselves: any module
-named in SUBCOMMAND_MODULES that exists must define ``register(subparsers)``, which adds its parser
-and sets ``func`` (taking the parsed args, returning the exit status) as a default.
+Every program is a subcommand; each lives in its own module, which exposes
+``add_arguments(parser)`` and ``run_command(args) -> int`` and is imported only when its
+subcommand is built, so a broken or slow module does not tax the others. A user's mistake
+(``harness.errors.UsageError``, a bad argument, a damaged results file) prints one line,
+``zl-bench: error: ...``, on stderr and exits 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,66 +12,121 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("bench.run",)
+from harness.errors import UsageError
+from harness.schema import ResultsError
 
-
-def _report(args: argparse.Namespace) -> int:
-    from bench.report import html
-
-    path = html.render(args.run)
-    print(f"wrote {path}")
-    return 0
+PROG = "zl-bench"
+EXIT_USAGE = 2
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from bench.report import compare
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    """One ``zl-bench`` subcommand: the module that implements it and what it is for."""
 
-    return compare.main(
-        args.a, args.b, n_boot=args.bootstrap, threshold=args.threshold, confidence=args.confidence
+    name: str
+    module: str
+    summary: str
+    value_errors_are_usage: bool = False
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "run", "bench.run", "stand up the stacks, run the profiles, write a results directory"
+    ),
+    Subcommand("report", "bench.report.html", "re-render plots and report.html for a run"),
+    Subcommand(
+        "compare",
+        "bench.report.compare",
+        "compare two runs with bootstrap CIs; exit 0 no regression, 1 regression, 2 incomparable",
+    ),
+    Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
+    Subcommand("overhead", "bench.overhead", "measure the serving layer's own overhead"),
+    Subcommand("capacity", "bench.loader_capacity", "measure each load generator's own ceiling"),
+    Subcommand("fidelity", "bench.fidelity", "check the sim engine keeps its step model's time"),
+    Subcommand(
+        "calibrate",
+        "zerolayer.engine.calibrate",
+        "calibrate the sim engine's step model",
+        value_errors_are_usage=True,
+    ),
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``zl-bench: error: ...``, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog.removeprefix(PROG).strip()}: {message}".lstrip(": "))
+
+
+def fail(message: str) -> NoReturn:
+    """Print a user's mistake as one line and exit 2."""
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _unavailable(spec: Subcommand, why: str) -> Command:
+    def run(_: argparse.Namespace) -> int:
+        raise UsageError(f"{spec.name} is not available: {why}")
+
+    return run
+
+
+def _add(sub: argparse._SubParsersAction[Parser], spec: Subcommand) -> None:
+    parser = sub.add_parser(
+        spec.name,
+        help=spec.summary,
+        description=spec.summary,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    try:
+        module = importlib.import_module(spec.module)
+        module.add_arguments(parser)
+        command: Command = module.run_command
+    except (ImportError, AttributeError) as exc:
+        command = _unavailable(spec, f"{spec.module}: {exc}")
+    parser.set_defaults(command=command, spec=spec)
 
 
-def _add_builtin(sub: Any) -> None:
-    report = sub.add_parser("report", help="re-render plots and report.html from a results dir")
-    report.add_argument("run", help="results directory, e.g. results/<run-id>")
-    report.set_defaults(func=_report)
-    comp = sub.add_parser(
-        "compare", help="compare two runs with bootstrap CIs; exit 1 on a flagged regression"
-    )
-    comp.add_argument("a", help="baseline results directory")
-    comp.add_argument("b", help="candidate results directory")
-    comp.add_argument("--bootstrap", type=int, default=1000, help="resamples (default 1000)")
-    comp.add_argument(
-        "--threshold",
-        type=float,
-        default=0.10,
-        help="relative change that counts as a regression (default 0.10)",
-    )
-    comp.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
-    comp.set_defaults(func=_compare)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zl-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_builtin(sub)
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+def build_parser(only: str | None = None) -> Parser:
+    """The whole command line; ``only`` builds just that subcommand (and imports only it)."""
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    for spec in SUBCOMMANDS:
+        if only is None or only == spec.name:
+            _add(sub, spec)
+        else:
+            sub.add_parser(spec.name, help=spec.summary)
     return parser
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    spec: Subcommand = args.spec
+    try:
+        return int(args.command(args))
+    except ValueError as exc:
+        if spec.value_errors_are_usage:
+            raise UsageError(str(exc)) from exc
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Parse, run the subcommand, and turn a user's mistake into one error line and exit 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    known = {spec.name for spec in SUBCOMMANDS}
+    args = build_parser(chosen if chosen in known else "").parse_args(argv)
+    try:
+        return _dispatch(args)
+    except (UsageError, ResultsError) as exc:
+        fail(str(exc))
 
 
 if __name__ == "__main__":

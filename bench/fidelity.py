@@ -1,7 +1,7 @@
 """Drive the sim engine in-process and check it keeps the time its step model promises.
 
-This is the engine's own calibration check: step durations as modelled against as slept,
-cumulative drift, throughput and TTFT, with the engine's CPU share of one core.
+``zl-bench fidelity``, the engine's own calibration check: step durations as modelled against as
+slept, cumulative drift, throughput and TTFT, with the engine's CPU share of one core.
 """
 
 from __future__ import annotations
@@ -14,13 +14,18 @@ from dataclasses import dataclass
 
 import uvloop
 
+from harness.errors import UsageError
 from zerolayer.engine import EngineRequest, SimConfig, SimEngine
+from zerolayer.engine.options import validate_engine_options
+from zerolayer.engine.stepmodel import load_profile, model_shape
 
 PROMPT_TOKENS_1KB = 256
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class FidelityResult:
+    """What one fidelity drive measured."""
+
     requests: int
     completed_tokens: int
     wall_s: float
@@ -86,14 +91,34 @@ async def drive(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS_1KB)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--model-shape", default="llama-3.1-8b")
-    args = parser.parse_args(argv)
-    config = SimConfig(model_shape=args.model_shape)
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench fidelity``'s arguments."""
+    parser.add_argument("--requests", type=_positive, default=256, help="concurrent requests")
+    parser.add_argument(
+        "--prompt-tokens", type=_positive, default=PROMPT_TOKENS_1KB, help="prompt tokens each"
+    )
+    parser.add_argument("--max-tokens", type=_positive, default=128, help="output tokens each")
+    parser.add_argument("--model-shape", default="llama-3.1-8b", help="the sim's model shape")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Drive the engine and print the figures; 1 when out of tolerance (10 % step, 1 % drift)."""
+    try:
+        options = validate_engine_options("sim", {"model_shape": args.model_shape})
+        config = SimConfig(**options)
+        model_shape(config.model_shape, load_profile(config.profile_path))
+    except ValueError as exc:
+        raise UsageError(f"--model-shape: {exc}") from exc
     print(
         f"sim engine fidelity: {args.requests} concurrent requests, {args.prompt_tokens} prompt "
         f"tokens, {args.max_tokens} output tokens, {args.model_shape}",
@@ -105,7 +130,3 @@ def main(argv: list[str] | None = None) -> int:
     ok = abs(result.median_step_ratio - 1) <= 0.10 and abs(result.drift) < 0.01
     print("fidelity: " + ("OK" if ok else "OUT OF TOLERANCE (10 % step, 1 % drift)"))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

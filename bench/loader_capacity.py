@@ -1,88 +1,99 @@
 """Loader capacity: the highest rate each loader sustains against a null-engine replica.
 
 A rate is sustained when every scheduled request completed and the loader's p99 scheduling lag
-stayed under 1 ms (k6's script clock is ``Date.now()``, whole milliseconds, so its limit adds
-that resolution; it must also drop no iteration). Loader and replica share the machine's cores,
-as they would in a laptop run. On a shared machine other processes preempt the loader for
-milliseconds at a time, which shows as lag at any rate; so each rate runs ``--repeats`` times and
+stayed under 1 ms (k6's script clock is Date.now(), whole milliseconds, so its limit adds that
+resolution; it must also drop no iteration). Loader and replica share the machine's cores, as
+they would in a laptop run. On a shared machine other processes preempt the loader for
+milliseconds at a time, which shows as lag at any rate; so each rate runs --repeats times and
 the best run counts (noise only ever adds lag), while every run is printed and saved, so the
 spread between repeats shows how noisy the figures were. Each run also reports CPU per request:
 the native loader's own (idle spin turns excluded) and the replica process's (from psutil).
+Every loader goes through the one Loader interface against a stack from the one stand-up path:
+k6 gets the replica over TLS (HTTP/2), k6-http1 the same k6 over plaintext HTTP/1.1 (k6's own
+ceiling without the replica's TLS cost).
 
-    python -m bench.loader_capacity --loaders native,k6 --rates 500,1000,2000 --seconds 5
+    zl-bench capacity --loaders native,k6 --rates 500,1000,2000 --seconds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import tempfile
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psutil
-import uvloop
 
-from harness.loaders.base import LoadResult
-from harness.loaders.k6 import run_k6
-from harness.loaders.locust import run_locust
-from harness.loaders.native import run_native
-from harness.loaders.tls import self_signed
+from harness.errors import UsageError
+from harness.loaders import needs_tls
+from harness.loaders.base import Loader, LoadResult
+from harness.loaders.k6 import K6Loader
+from harness.loaders.locust import LocustLoader
+from harness.loaders.native import NativeLoader
 from harness.metrics import LAG_LIMIT_MS
-from harness.profile import load_profile
-from harness.stacks import ReplicaProcess
-from harness.workload import Schedule, build_schedule
+from harness.profile import Profile, load_profile
+from harness.stacks import StackName, StackSpec, stand_up
+from harness.workload import build_schedule
 
-K6_CLOCK_RESOLUTION_MS = 1.0
+K6_CLOCK_RESOLUTION_MS: Final = 1.0
+CAPACITY_LOADERS: Final = ("native", "k6", "k6-http1", "locust")
+CAPACITY_PROFILE: Final = "capacity"
 
 
-def schedule_at(rate: float, seconds: float, max_tokens: int) -> Schedule:
+@dataclass(frozen=True)
+class Settings:
+    """One capacity measurement: which loaders, at which rates, for how long, how often."""
+
+    loaders: tuple[str, ...]
+    rates: tuple[float, ...]
+    seconds: float
+    max_tokens: int
+    repeats: int
+
+
+def profile_at(rate: float, seconds: float, max_tokens: int) -> Profile:
     """Profile A's request shape (1 KB prompt) at ``rate`` for ``seconds``."""
     p = load_profile("a", "smoke")
     classes = tuple(replace(c, max_tokens=max_tokens) for c in p.classes)
-    return build_schedule(
-        replace(p, rate=rate, duration_s=seconds, max_requests=10**7, classes=classes)
+    return replace(
+        p,
+        name=CAPACITY_PROFILE,
+        rate=rate,
+        duration_s=seconds,
+        max_requests=10**7,
+        classes=classes,
     )
+
+
+def loader_for(name: str, rate: float) -> Loader:
+    """The loader behind a capacity name, sized for ``rate``; null-engine answers take well under
+    a millisecond, so lag is judged by the absolute limit only (``lag_fraction`` 0)."""
+    if name == "native":
+        return NativeLoader(
+            progress=None, lag_fraction=0.0, client_options={"health_interval_s": 0}
+        )
+    if name in ("k6", "k6-http1"):
+        return K6Loader(vus=max(20, int(rate / 50)), lag_fraction=0.0)
+    if name == "locust":
+        return LocustLoader(users=max(8, int(rate / 20)), lag_fraction=0.0)
+    raise UsageError(f"unknown loader {name!r}; choose from {', '.join(CAPACITY_LOADERS)}")
 
 
 def sustained(loader: str, result: LoadResult) -> bool:
     """Every request completed and the p99 lag stayed under the limit (plus k6's clock)."""
     s = result.summary
     limit = LAG_LIMIT_MS + (K6_CLOCK_RESOLUTION_MS if loader.startswith("k6") else 0.0)
-    return s["completed"] == s["num_requests"] and s["p99_lag_ms"] < limit
+    lag = s["p99_lag_ms"]  # None when nothing was dispatched
+    return bool(s["completed"] == s["num_requests"] and lag is not None and lag < limit)
 
 
-def run_one(
-    loader: str, rate: float, seconds: float, url: str, workdir: Path, tokens: int
-) -> LoadResult:
-    """One loader at one rate against the replica at ``url``."""
-    sched = schedule_at(rate, seconds, tokens)
-    records = workdir / f"{loader}-{rate:g}.jsonl"
-    if loader == "native":
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(
-                run_native(
-                    sched, urls=[url], stack="zerolayer", profile="capacity",
-                    records_path=records, progress=None, lag_fraction=0.0,
-                    client_options={"health_interval_s": 0},
-                )
-            )  # fmt: skip
-    if loader in ("k6", "k6-http1"):
-        return run_k6(
-            sched, url=url, stack="zerolayer", profile="capacity", rate=rate,
-            duration_s=seconds, workdir=workdir / f"{loader}-{rate:g}", records_path=records,
-            vus=max(20, int(rate / 50)), lag_fraction=0.0,
-        )  # fmt: skip
-    if loader == "locust":
-        return run_locust(
-            sched, url=url, stack="zerolayer", profile="capacity",
-            workdir=workdir / f"locust-{rate:g}", records_path=records,
-            users=max(8, int(rate / 20)), lag_fraction=0.0,
-        )  # fmt: skip
-    raise ValueError(f"unknown loader {loader!r}")
+def _ms(value: float | None, digits: int = 3) -> str:
+    """A figure for the console; a missing one (null in the rows) reads n/a, never 0."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _row(loader: str, rate: float, result: LoadResult) -> dict[str, Any]:
@@ -90,6 +101,7 @@ def _row(loader: str, rate: float, result: LoadResult) -> dict[str, Any]:
     return {
         "loader": loader,
         "rate": rate,
+        "protocol": result.protocol,
         "achieved": s["request_throughput"],
         "completed": s["completed"],
         "scheduled": s["num_requests"],
@@ -97,81 +109,120 @@ def _row(loader: str, rate: float, result: LoadResult) -> dict[str, Any]:
         "p99_lag_ms": s["p99_lag_ms"],
         "p99.9_lag_ms": s["p99.9_lag_ms"],
         "median_e2el_ms": s["median_e2el_ms"],
-        # CPU per request: the native loader's own (idle spin excluded; NaN for other loaders).
-        "loader_cpu_us": result.extra.get("loader_cpu_us_per_request", float("nan")),
+        # CPU per request: the native loader's own (idle spin excluded; null for other loaders).
+        "loader_cpu_us": result.extra.get("loader_cpu_us_per_request"),
         "sustained": sustained(loader, result),
         "valid": s["valid"],
         "invalid_reasons": s["invalid_reasons"],
     }
 
 
-def measure(
-    loaders: list[str],
-    rates: list[float],
-    seconds: float,
-    tokens: int,
-    workdir: Path,
-    repeats: int = 1,
-) -> list[dict[str, Any]]:
-    """Every (loader, rate) pair against a fresh null-engine replica per loader: HTTP/2 over
-    TLS for k6 (Go speaks HTTP/2 only over TLS), h2c for native, HTTP/1.1 for locust and for
-    ``k6-http1`` (k6 without the replica's TLS cost, to show k6's own ceiling)."""
-    cert, key = self_signed(workdir / "tls")
+def _print_row(row: dict[str, Any]) -> None:
+    verdict = "valid" if row["valid"] else "INVALID: " + "; ".join(row["invalid_reasons"])
+    print(
+        f"{row['loader']:8s} {row['rate']:7.0f}/s achieved {row['achieved']:7.1f}/s "
+        f"completed {row['completed']}/{row['scheduled']} lag p50 "
+        f"{_ms(row['p50_lag_ms'])} p99 {_ms(row['p99_lag_ms'])} p99.9 "
+        f"{_ms(row['p99.9_lag_ms'])} ms e2el p50 {_ms(row['median_e2el_ms'], 2)} ms "
+        f"cpu/req loader {_ms(row['loader_cpu_us'], 0)} replica {row['replica_cpu_us']:.0f} us "
+        f"({row['protocol']}) {'SUSTAINED' if row['sustained'] else 'not sustained'}; {verdict}",
+        flush=True,
+    )
+
+
+def _measure_loader(loader: str, settings: Settings, workdir: Path) -> list[dict[str, Any]]:
+    """Every (rate, repeat) of one loader against one fresh single-replica null-engine stack."""
+    tls = needs_tls(loader, StackName.ZEROLAYER)  # k6-http1: the same k6 over plaintext
+    spec = StackSpec(StackName.ZEROLAYER, engine="null", replicas=1, tls=tls)
     rows = []
-    for loader in loaders:
-        tls = (cert, key) if loader == "k6" else None
-        with ReplicaProcess("null", tls=tls) as replica:
-            proc = psutil.Process(replica.pid)
-            for rate, repeat in itertools.product(rates, range(repeats)):
-                cpu0 = sum(proc.cpu_times()[:2])
-                result = run_one(loader, rate, seconds, replica.url, workdir, tokens)
-                replica_cpu = sum(proc.cpu_times()[:2]) - cpu0
-                row = {**_row(loader, rate, result), "repeat": repeat}
-                row["replica_cpu_us"] = replica_cpu / max(1, row["scheduled"]) * 1e6
-                rows.append(row)
-                verdict = (
-                    "valid" if row["valid"] else "INVALID: " + "; ".join(row["invalid_reasons"])
-                )
-                print(
-                    f"{loader:7s} {rate:7.0f}/s achieved {row['achieved']:7.1f}/s "
-                    f"completed {row['completed']}/{row['scheduled']} lag p50 "
-                    f"{row['p50_lag_ms']:.3f} p99 {row['p99_lag_ms']:.3f} p99.9 "
-                    f"{row['p99.9_lag_ms']:.3f} ms e2el p50 {row['median_e2el_ms']:.2f} ms "
-                    f"cpu/req loader {row['loader_cpu_us']:.0f} replica "
-                    f"{row['replica_cpu_us']:.0f} us "
-                    f"{'SUSTAINED' if row['sustained'] else 'not sustained'}; {verdict}",
-                    flush=True,
-                )
+    with stand_up(spec, workdir / f"stack-{loader}") as stack:
+        proc = psutil.Process(stack.pids()["replica"][0])
+        for rate, repeat in itertools.product(settings.rates, range(settings.repeats)):
+            profile = profile_at(rate, settings.seconds, settings.max_tokens)
+            run_dir = workdir / f"{loader}-{rate:g}-{repeat}"
+            cpu0 = sum(proc.cpu_times()[:2])
+            result = loader_for(loader, rate).run(
+                build_schedule(profile), stack, profile, run_dir / "requests.jsonl", run_dir
+            )
+            replica_cpu = sum(proc.cpu_times()[:2]) - cpu0
+            row = {**_row(loader, rate, result), "repeat": repeat}
+            row["replica_cpu_us"] = replica_cpu / max(1, row["scheduled"]) * 1e6
+            _print_row(row)
+            rows.append(row)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.loader_capacity", description=__doc__)
-    p.add_argument("--loaders", default="native,k6", help="native, k6, k6-http1, locust")
-    p.add_argument("--rates", default="250,500,1000,1500,2000,2500")
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3, help="runs per rate; the best one counts")
-    p.add_argument("--out", type=Path, help="write the rows as JSON here")
-    args = p.parse_args(argv)
-    loaders = [x for x in args.loaders.split(",") if x]
-    rates = [float(x) for x in args.rates.split(",") if x]
-    with tempfile.TemporaryDirectory(prefix="zl-capacity-") as tmp:
-        rows = measure(loaders, rates, args.seconds, args.max_tokens, Path(tmp), args.repeats)
-    for loader in loaders:
-        for rate in rates:
-            lags = [r["p99_lag_ms"] for r in rows if r["loader"] == loader and r["rate"] == rate]
+def measure(settings: Settings, workdir: Path) -> list[dict[str, Any]]:
+    """Every (loader, rate, repeat), each loader against its own fresh replica."""
+    return [
+        row for loader in settings.loaders for row in _measure_loader(loader, settings, workdir)
+    ]
+
+
+def _print_verdicts(settings: Settings, rows: Sequence[dict[str, Any]]) -> None:
+    for loader in settings.loaders:
+        for rate in settings.rates:
+            runs = [r for r in rows if r["loader"] == loader and r["rate"] == rate]
+            lags = [r["p99_lag_ms"] for r in runs if r["p99_lag_ms"] is not None]
             print(
-                f"{loader} {rate:.0f}/s p99 lag over {len(lags)} runs: best {min(lags):.3f} "
-                f"worst {max(lags):.3f} ms"
+                f"{loader} {rate:.0f}/s p99 lag over {len(runs)} runs: "
+                f"best {_ms(min(lags, default=None))} worst {_ms(max(lags, default=None))} ms"
             )
         ok = [r["rate"] for r in rows if r["loader"] == loader and r["sustained"]]
         print(f"{loader}: highest sustained rate {max(ok) if ok else 0:.0f} req/s")
+
+
+def _positive_numbers(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} takes numbers separated by commas, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise UsageError(f"{flag} takes positive numbers separated by commas, got {text!r}")
+    return values
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The command line as Settings; a mistake raises UsageError naming the flag."""
+    loaders = tuple(x.strip() for x in args.loaders.split(",") if x.strip())
+    unknown = [x for x in loaders if x not in CAPACITY_LOADERS]
+    if not loaders or unknown:
+        raise UsageError(
+            f"--loaders takes names from {', '.join(CAPACITY_LOADERS)}, got {args.loaders!r}"
+        )
+    for flag, value in (("--seconds", args.seconds), ("--max-tokens", args.max_tokens),
+                        ("--repeats", args.repeats)):  # fmt: skip
+        if not value > 0:
+            raise UsageError(f"{flag} must be positive, got {value}")
+    return Settings(
+        loaders, _positive_numbers("--rates", args.rates), args.seconds, args.max_tokens,
+        args.repeats,
+    )  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench capacity``'s flags."""
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument(
+        "--loaders", default="native,k6",
+        help=f"comma-separated, from: {', '.join(CAPACITY_LOADERS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rates", default="250,500,1000,1500,2000,2500", help="comma-separated requests/s"
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per rate; the best counts")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Measure, print each run and each loader's highest sustained rate, save rows to --out."""
+    settings = settings_from(args)
+    with tempfile.TemporaryDirectory(prefix="zl-capacity-") as tmp:
+        rows = measure(settings, Path(tmp))
+    _print_verdicts(settings, rows)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

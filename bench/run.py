@@ -1,23 +1,22 @@
 """``zl-bench run``: stand each stack up, run every profile on it, sample, save, report.
 
 Stacks run one after the other on the same machine (never at once: on 2 cores they would steal
-each other's CPU), each profile with the same seeded schedule on both. Everything is written as it
-happens, so a run cut short by SIGINT still leaves a directory that ``zl-bench report`` renders,
-marked incomplete.
+each other's CPU), each profile with the same seeded schedule on both; profile D runs the chaos
+experiments on the very stack the other profiles used, before it is torn down. Everything is
+written as it happens, so a run cut short by SIGINT still leaves a directory that
+``zl-bench report`` renders, marked incomplete; run.json records how the run really ended.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import platform
 import subprocess
-import sys
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -27,48 +26,63 @@ import orjson
 import psutil
 
 from harness import schema
-from harness.capacity import preflight
-from harness.loaders.base import LOADERS, LoadResult
+from harness.capacity import Capacity, preflight
+from harness.errors import UsageError
+from harness.loaders import LOADERS, LoadResult, needs_tls
 from harness.metrics import summarize
-from harness.profile import Profile, load_profile
-from harness.stacks import STACKS, StackHandle, external, start_baseline_stack, start_zerolayer
+from harness.profile import PROFILES, SCALES, Profile, load_profile, resolve_name
+from harness.schema import RunEnd, RunMeta, SummaryRow
+from harness.stacks import STACKS, Stack, StackName, StackSpec, StackUnreachable, stand_up
 from harness.telemetry import (
     Component,
     EngineSource,
-    EngineTarget,
     NvmlSource,
     PhaseLog,
     ProcessSource,
     Sampler,
 )
 from harness.workload import build_schedule
-from zerolayer.engine import SimConfig
+from zerolayer.engine import ENGINES
+from zerolayer.engine.options import parse_engine_option, validate_engine_options
 
-SCALES = ("smoke", "laptop", "seed")
-DEFAULT_PROFILES = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+FAULT_PROFILE = "d_fault"
 LOADER_NICE = -5
-STATS_DIR = "engine-stats"
-STATS_WAIT_S = 10.0
-PACKAGES = ("h2", "h11", "uvloop", "ray", "chaostoolkit-lib", "locust", "k6", "numpy")
+EXIT_INTERRUPTED = 130
+PACKAGES = ("h2", "h11", "hpack", "uvloop", "ray", "chaostoolkit-lib", "locust", "k6", "numpy")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """What a run was asked to do; saved verbatim in run.json."""
 
     scale: str = "laptop"
-    profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
-    stacks: list[str] = field(default_factory=lambda: list(STACKS))
+    profiles: tuple[str, ...] = PROFILES
+    stacks: tuple[StackName, ...] = tuple(StackName)
     engine: str = "sim"
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 2
     loader: str = "native"
     out: str = "results"
     seed: int | None = None
-    zerolayer_urls: list[str] = field(default_factory=list)
+    zerolayer_urls: tuple[str, ...] = ()
     baseline_url: str = ""
     ray_address: str | None = None
     telemetry_interval_s: float = 0.25
+
+    def spec(self, name: StackName) -> StackSpec:
+        """The stack to stand up for ``name``: external when URLs were given for it."""
+        urls = self.zerolayer_urls if name is StackName.ZEROLAYER else ()
+        if name is StackName.BASELINE and self.baseline_url:
+            urls = (self.baseline_url,)
+        return StackSpec(
+            name=name,
+            engine=self.engine,
+            engine_options=self.engine_options,
+            replicas=self.replicas,
+            tls=needs_tls(self.loader, name),
+            urls=tuple(urls),
+            ray_address=self.ray_address,
+        )
 
 
 def _say(message: str) -> None:
@@ -76,20 +90,17 @@ def _say(message: str) -> None:
 
 
 def _git_revision() -> str:
+    here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             check=True,
-            cwd=Path(__file__).resolve().parent,
+            cwd=here,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).resolve().parent,
+            ["git", "status", "--porcelain"], capture_output=True, text=True, check=False, cwd=here
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -116,98 +127,74 @@ def _machine() -> dict[str, Any]:
 
 
 class RunDir:
-    """The results directory and its run.json, rewritten at every state change."""
+    """The results directory: run.json rewritten at every change of state, summary.json after
+    every row."""
 
     def __init__(self, config: RunConfig) -> None:
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{config.scale}"
         self.path = Path(config.out) / run_id
         self.path.mkdir(parents=True, exist_ok=False)
-        self.summary: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {
-            "schema_version": schema.SCHEMA_VERSION,
-            "run_id": run_id,
-            "scale": config.scale,
-            "config": config.__dict__,
-            "engine": {"name": config.engine, "options": config.engine_options},
-            "git_revision": _git_revision(),
-            "versions": _versions(),
-            "machine": _machine(),
-            "started_ns": time.time_ns(),
-            "complete": False,
-            "incomplete_reason": "running",
-            "profiles": {},
-            "stacks": {},
-            "validity": {},
-        }
+        self.summary: list[SummaryRow] = []
+        self.meta = RunMeta(
+            run_id=run_id,
+            scale=config.scale,
+            config=orjson.loads(orjson.dumps(asdict(config), default=str)),
+            engine=config.engine,
+            engine_options=dict(config.engine_options),
+            git_revision=_git_revision(),
+            versions=_versions(),
+            machine=_machine(),
+            started_ns=time.time_ns(),
+        )
         self.save()
 
     def save(self) -> None:
-        tmp = self.path / (schema.RUN_META + ".tmp")
-        tmp.write_bytes(orjson.dumps(self.meta, option=orjson.OPT_INDENT_2, default=str))
-        tmp.replace(self.path / schema.RUN_META)
+        schema.write_run_meta(self.path, self.meta)
 
-    def add_summary(self, stack: str, profile: str, loader: str, summary: dict[str, Any]) -> None:
-        """Append one stack/profile row to summary.json (rewritten whole, atomically)."""
-        self.summary.append({"stack": stack, "profile": profile, "loader": loader, **summary})
-        self.meta["validity"][f"{stack}/{profile}"] = {
-            "valid": summary["valid"],
-            "reasons": summary["invalid_reasons"],
-        }
-        tmp = self.path / (schema.SUMMARY + ".tmp")
-        tmp.write_bytes(orjson.dumps(self.summary, option=orjson.OPT_INDENT_2))
-        tmp.replace(self.path / schema.SUMMARY)
+    def add_summary(self, row: SummaryRow) -> None:
+        self.summary.append(row)
+        self.meta.validity[f"{row.stack}/{row.profile}"] = row.validity
+        schema.write_summary(self.path, self.summary)
+        self.save()
+
+    def finish(self, end: RunEnd, detail: str = "") -> None:
+        self.meta.end, self.meta.end_detail = end, detail
+        self.meta.finished_ns = time.time_ns()
         self.save()
 
 
-def _stand_up(name: str, config: RunConfig, stats_dir: Path) -> StackHandle:
-    if name == "zerolayer":
-        if config.zerolayer_urls:
-            return external(name, config.zerolayer_urls)
-        return start_zerolayer(config.replicas, config.engine, config.engine_options)
-    if config.baseline_url:
-        return external(name, [config.baseline_url])
-    return start_baseline_stack(
-        config.replicas,
-        config.engine,
-        config.engine_options,
-        config.ray_address,
-        stats_dir=stats_dir,
-    )
+class Telemetry:
+    """The sampler and its engine and process sources, fed each stack while it is up."""
 
+    def __init__(self, run: RunDir, interval_s: float) -> None:
+        self.phases = PhaseLog(run.path / schema.PHASES)
+        self.engines, self.procs = EngineSource(), ProcessSource()
+        self.procs.add(Component("loader", os.getpid(), "loader"))
+        self.sampler = Sampler(
+            [NvmlSource(), self.engines, self.procs],
+            run.path / schema.TELEMETRY,
+            interval_s,
+            self.phases,
+        )
 
-def _watch(
-    stack: StackHandle,
-    engines: EngineSource,
-    procs: ProcessSource,
-    config: RunConfig,
-    stats_dir: Path,
-) -> None:
-    """Register a stack's replicas and processes with the telemetry sources."""
-    if stack.name == "zerolayer":
-        for i, url in enumerate(stack.urls):
-            engines.add(EngineTarget.metrics(f"zl-{i}", stack.name, f"{url}/metrics"))
-    elif stack.baseline is not None:
-        deadline = time.monotonic() + STATS_WAIT_S
-        files: list[Path] = []
-        while len(files) < config.replicas and time.monotonic() < deadline:
-            time.sleep(0.2)
-            files = sorted(stats_dir.glob("engine-stats-*.jsonl"))
-        if len(files) < config.replicas:
-            _say(f"baseline: only {len(files)} of {config.replicas} engine replicas publish stats")
-        for i, path in enumerate(files):
-            engines.add(EngineTarget.stats_file(f"serve-{i}", stack.name, path))
-    roles = {
-        "replica": "replica",
-        "proxy": "proxy",
-        "controller": "controller",
-        "ingress": "orchestrator",
-        "engine": "engine",
-    }
-    for role, pids in stack.pids().items():
-        for i, pid in enumerate(pids):
-            procs.add(
-                Component(f"{stack.name}-{role}-{i}", pid, roles.get(role, "other"), stack.name)
-            )
+    def start(self) -> dict[str, Any]:
+        self.sampler.open()
+        self.sampler.start()
+        return self.sampler.describe()
+
+    def watch(self, stack: Stack) -> None:
+        for target in stack.engine_targets():
+            self.engines.add(target)
+        for role, pids in stack.pids().items():
+            for i, pid in enumerate(pids):
+                self.procs.add(Component(f"{stack.name}-{role}-{i}", pid, role, stack.name))
+
+    def unwatch(self, stack: Stack) -> None:
+        self.engines.drop_stack(stack.name)
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.phases.close()
 
 
 @contextlib.contextmanager
@@ -222,197 +209,199 @@ def _loader_priority(run: RunDir) -> Iterator[None]:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, LOADER_NICE)
     except PermissionError:
-        run.meta["loader_nice"] = 0
+        run.meta.loader_nice = 0
         yield
         return
-    run.meta["loader_nice"] = LOADER_NICE
+    run.meta.loader_nice = LOADER_NICE
     try:
         yield
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
-def _run_profile(
-    profile: Profile, stack: StackHandle, config: RunConfig, run: RunDir, phases: PhaseLog
-) -> LoadResult:
-    records = run.path / schema.requests_file(stack.name, profile.name)
-    schedule = build_schedule(profile)
-    phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
-    try:
-        if config.loader == "native":
-            from harness.loaders.native import run_native
-
-            return asyncio.run(
-                run_native(
-                    schedule,
-                    urls=stack.urls,
-                    protocol=stack.protocol,
-                    stack=stack.name,
-                    profile=profile.name,
-                    records_path=records,
-                )
-            )
-        workdir = run.path / "loader" / f"{stack.name}-{profile.name}"
-        if config.loader == "k6":
-            from harness.loaders.k6 import run_k6
-
-            return run_k6(
-                schedule,
-                url=stack.urls[0],
-                stack=stack.name,
-                profile=profile.name,
-                rate=profile.rate,
-                duration_s=profile.duration_s,
-                workdir=workdir,
-                records_path=records,
-                process=profile.process,
-            )
-        from harness.loaders.locust import run_locust
-
-        return run_locust(
-            schedule,
-            url=stack.urls[0],
-            stack=stack.name,
-            profile=profile.name,
-            workdir=workdir,
-            records_path=records,
-        )
-    finally:
-        phases.end()
+def summary_row(result: LoadResult) -> SummaryRow:
+    """A loader's result as its summary.json row, with what went on the wire and its extras."""
+    row = SummaryRow.from_dict({**result.summary, "stack": result.stack, "profile": result.profile})
+    row.loader = result.loader
+    row.loader_protocol = result.protocol
+    row.ttft_is_first_byte = result.ttft_is_first_byte
+    row.loader_extra = dict(result.extra)
+    return row
 
 
-def _run_faults(stack: StackHandle, config: RunConfig, run: RunDir, phases: PhaseLog) -> None:
-    """Profile D: every chaos experiment under profile A's load, on a stack of its own making.
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
-    The zero-layer stack is stood up afresh by the chaos runner (with the fault proxy in its path,
-    after the bench's own replicas are gone); the baseline reuses the bench's Ray deployment.
-    """
-    from chaos.runner import CHAOS_SCALES, run_profile_d, table
-    from chaos.runner import SCALES as CHAOS_SCALE_SETTINGS
 
-    scale = config.scale if config.scale in CHAOS_SCALES else CHAOS_SCALES[-1]
-    if scale != config.scale:
-        _say(f"chaos runs at {CHAOS_SCALES}; profile D uses the {scale} chaos scale")
-    phases.begin(f"{stack.name}/d_fault", stack=stack.name, profile="d_fault")
-    try:
-        rows = run_profile_d(stack.name, run.path, scale, baseline_handle=stack.baseline)
-    finally:
-        phases.end()
-    print(table(rows), flush=True)
-    recovery_path = run.path / schema.CHAOS_DIR / "recovery.json"
-    previous = orjson.loads(recovery_path.read_bytes()) if recovery_path.exists() else []
-    recovery_path.write_bytes(
-        orjson.dumps(previous + [r.to_dict() for r in rows], option=orjson.OPT_INDENT_2)
-    )
-    logs = sorted((run.path / schema.CHAOS_DIR).glob(f"requests-{stack.name}-d_fault-*.jsonl"))
-    records = [rec for path in logs for rec in schema.read_requests(path)]
-    summary = summarize(records)
-    summary["chaos_scale"] = asdict(CHAOS_SCALE_SETTINGS[scale])
-    run.add_summary(stack.name, "d_fault", "native", summary)
+def _run_load_profile(
+    profile: Profile, stack: Stack, config: RunConfig, run: RunDir, tele: Telemetry
+) -> SummaryRow:
+    """One non-fault profile on one stack through the configured loader."""
     _say(
-        f"{stack.name} / d_fault: {len(rows)} experiments, {summary['lost']} lost, "
-        f"{summary['errors']} errors"
+        f"{stack.name} / {profile.name}: {profile.rate:g} req/s for {profile.duration_s:g} s "
+        f"({config.loader} loader)"
+    )
+    records = run.path / schema.requests_file(stack.name, profile.name)
+    workdir = run.path / "loader" / f"{stack.name}-{profile.name}"
+    schedule = build_schedule(profile)
+    tele.phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
+    try:
+        with _loader_priority(run):
+            result = LOADERS[config.loader].run(schedule, stack, profile, records, workdir)
+    finally:
+        tele.phases.end()
+    row = summary_row(result)
+    run.add_summary(row)
+    _say(
+        f"{stack.name} / {profile.name}: {row.completed} completed, {row.errors} errors, "
+        f"{row.lost} lost, E2EL p50 {_fmt_ms(row.stat('median_e2el_ms'))} ms"
+        + ("" if row.valid else f" INVALID: {row.invalid_reasons}")
+    )
+    return row
+
+
+def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Telemetry) -> None:
+    """Profile D: every chaos experiment on this very stack (same engine, options, replicas)."""
+    from bench.report.data import append_recovery
+    from chaos.runner import run_profile_d, table
+
+    if stack.external:
+        _say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
+        return
+    _say(f"{stack.name} / {profile.name}: chaos experiments under profile A's load")
+    rows = run_profile_d(stack, profile, run.path, tele.phases)
+    print(table(rows), flush=True)
+    append_recovery(run.path, list(rows))
+    logs = sorted(
+        (run.path / schema.CHAOS_DIR).glob(f"requests-{stack.name}-{profile.name}-*.jsonl")
+    )
+    records = [rec for path in logs for rec in schema.read_requests(path)]
+    row = SummaryRow.from_dict(
+        {"stack": stack.name, "profile": profile.name, "loader": "native"} | summarize(records)
+    )
+    row.loader_protocol = "h2" if stack.protocol == "h2" else "http/1.1"
+    run.add_summary(row)
+    _say(
+        f"{stack.name} / {profile.name}: {len(rows)} experiments, {row.lost} lost, "
+        f"{row.errors} errors"
     )
 
 
-def _fault_phase(stack: StackHandle, config: RunConfig, run: RunDir, phases: PhaseLog) -> None:
-    if stack.metadata.get("impl") == "external":
-        _say(f"{stack.name} / d_fault: skipped, faults need a stack this run started")
-        return
-    _say(f"{stack.name} / d_fault: chaos experiments under profile A's load")
-    _run_faults(stack, config, run, phases)
+def _run_stack(
+    name: StackName, profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
+) -> None:
+    """Stand one stack up, run every profile on it (profile D last), tear it down."""
+    spec = config.spec(name)
+    _say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
+    with stand_up(spec, run.path / f"stack-{name}") as stack:
+        run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
+        run.save()
+        tele.watch(stack)
+        try:
+            for profile in profiles:
+                if profile.fault is None:
+                    _run_load_profile(profile, stack, config, run, tele)
+            for profile in profiles:
+                if profile.fault is not None:
+                    _run_fault_profile(profile, stack, run, tele)
+        finally:
+            _say(f"tearing down {name}")
+            tele.unwatch(stack)
 
 
-def _summary_table(rows: list[dict[str, Any]]) -> str:
+def _summary_table(rows: Sequence[SummaryRow]) -> str:
     head = (
         f"{'stack':<10} {'profile':<20} {'done':>6} {'err':>5} {'lost':>5} "
         f"{'TTFT p50':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'E2EL std':>9} {'req/s':>7} valid"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
+        stats = (r.stat(k) for k in ("median_ttft_ms", "median_e2el_ms", "p99_e2el_ms"))
+        cells = " ".join(f"{_fmt_ms(v):>9}" for v in (*stats, r.stat("std_e2el_ms")))
         lines.append(
-            f"{r['stack']:<10} {r['profile']:<20} {r['completed']:>6} {r['errors']:>5} "
-            f"{r['lost']:>5} {r.get('median_ttft_ms', float('nan')):>9.1f} "
-            f"{r.get('median_e2el_ms', float('nan')):>9.1f} "
-            f"{r.get('p99_e2el_ms', float('nan')):>9.1f} "
-            f"{r.get('std_e2el_ms', float('nan')):>9.1f} {r['request_throughput']:>7.2f} "
-            f"{'yes' if r['valid'] else 'NO: ' + '; '.join(r['invalid_reasons'])}"
+            f"{r.stack:<10} {r.profile:<20} {r.completed:>6} {r.errors:>5} {r.lost:>5} "
+            f"{cells} {r.request_throughput:>7.2f} "
+            f"{'yes' if r.valid else 'NO: ' + '; '.join(r.invalid_reasons)}"
         )
     return "\n".join(lines)
 
 
-def run(config: RunConfig) -> int:
-    """Run the bench; returns the exit status (130 when interrupted)."""
-    profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
-    run = RunDir(config)
-    _say(f"run {run.meta['run_id']} -> {run.path}")
-    sim_config = SimConfig(**config.engine_options) if config.engine == "sim" else None
-    for profile in profiles:
-        capacity = preflight(profile, config.engine, config.replicas, sim_config)
-        run.meta["profiles"][profile.name] = {**profile.as_dict(), "capacity": capacity.as_dict()}
-    run.save()
-    phases = PhaseLog(run.path / schema.PHASES)
-    engines, procs = EngineSource(), ProcessSource()
-    procs.add(Component("loader", os.getpid(), "loader"))
-    sampler = Sampler(
-        [NvmlSource(), engines, procs],
-        run.path / schema.TELEMETRY,
-        config.telemetry_interval_s,
-        phases,
-    )
-    status = 0
-    try:
-        sampler.open()
-        run.meta["telemetry"] = sampler.describe()
-        sampler.start()
-        for name in config.stacks:
-            _say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
-            with ExitStack() as stack_scope:
-                stack = stack_scope.enter_context(_stand_up(name, config, run.path / STATS_DIR))
-                run.meta["stacks"][name] = {**stack.metadata, "urls": stack.urls}
-                run.save()
-                _watch(stack, engines, procs, config, run.path / STATS_DIR)
-                for profile in profiles:
-                    if profile.fault is not None:
-                        continue
-                    _say(
-                        f"{name} / {profile.name}: {profile.rate:g} req/s for "
-                        f"{profile.duration_s:g} s ({config.loader} loader)"
-                    )
-                    with _loader_priority(run):
-                        result = _run_profile(profile, stack, config, run, phases)
-                    run.add_summary(name, profile.name, result.loader, result.summary)
-                    s = result.summary
-                    _say(
-                        f"{name} / {profile.name}: {s['completed']} completed, {s['errors']} "
-                        f"errors, {s['lost']} lost, E2EL p50 "
-                        f"{s.get('median_e2el_ms', float('nan')):.1f} ms"
-                        + ("" if result.valid else f" INVALID: {result.invalid_reasons}")
-                    )
-                if any(p.fault is not None for p in profiles) and name == "baseline":
-                    _fault_phase(stack, config, run, phases)
-                _say(f"tearing down {name}")
-                engines.drop_stack(name)
-            if any(p.fault is not None for p in profiles) and name == "zerolayer":
-                _fault_phase(stack, config, run, phases)
-        run.meta["complete"] = True
-        run.meta.pop("incomplete_reason", None)
-    except KeyboardInterrupt:
-        _say("interrupted: keeping what was measured")
-        run.meta["incomplete_reason"] = "interrupted by SIGINT"
-        status = 130
-    finally:
-        sampler.stop()
-        phases.close()
-        run.meta["finished_ns"] = time.time_ns()
-        run.save()
-    _say("rendering report")
+def _check_external(config: RunConfig) -> None:
+    """Every external stack must answer before anything is started or any load is sent."""
+    for name in config.stacks:
+        spec = config.spec(name)
+        if not spec.urls:
+            continue
+        try:
+            stand_up(spec, Path(config.out)).close()
+        except StackUnreachable as exc:
+            raise UsageError(f"{name} stack: {exc}") from exc
+
+
+def _preflight(profiles: Sequence[Profile], config: RunConfig) -> dict[str, Capacity]:
+    """The capacity preflight per profile; external stacks' capacity is unknown."""
+    external = bool(config.zerolayer_urls or config.baseline_url)
+    return {
+        p.name: preflight(p, config.engine, config.replicas, config.engine_options, external)
+        for p in profiles
+    }
+
+
+def _render(run: RunDir) -> None:
     from bench.report import html
 
+    _say("rendering report")
     report = html.render(run.path)
     if run.summary:
         print(_summary_table(run.summary), flush=True)
     _say(f"report: {report}")
+
+
+def _execute(config: RunConfig, profiles: Sequence[Profile], run: RunDir) -> None:
+    tele = Telemetry(run, config.telemetry_interval_s)
+    try:
+        run.meta.telemetry = tele.start()
+        run.save()
+        for name in config.stacks:
+            _run_stack(name, profiles, config, run, tele)
+    finally:
+        tele.stop()
+
+
+def run(config: RunConfig) -> int:
+    """Run the bench; returns the exit status (130 when interrupted).
+
+    Everything a user can get wrong (profiles, engine options, unreachable URLs) is checked
+    before the results directory is made. A crash is recorded in run.json and re-raised.
+    """
+    try:
+        profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    _check_external(config)
+    capacities = _preflight(profiles, config)
+    run = RunDir(config)
+    _say(f"run {run.meta.run_id} -> {run.path}")
+    for profile in profiles:
+        run.meta.profiles[profile.name] = {
+            **profile.as_dict(),
+            "capacity": capacities[profile.name].as_dict(),
+        }
+    run.save()
+    status = 0
+    try:
+        _execute(config, profiles, run)
+        run.finish(RunEnd.COMPLETE)
+    except KeyboardInterrupt:
+        _say("interrupted: keeping what was measured")
+        run.finish(RunEnd.SIGINT, "interrupted by SIGINT")
+        status = EXIT_INTERRUPTED
+    except BaseException as exc:
+        run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(Exception):
+            _render(run)
+        raise
+    _render(run)
     return status
 
 
@@ -420,74 +409,121 @@ def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def _kv(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+def _profiles(text: str) -> tuple[str, ...]:
     try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        value = raw
-    return key.replace("-", "_"), value
+        names = [resolve_name(item) for item in _csv(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not names:
+        raise argparse.ArgumentTypeError("no profile given")
+    return tuple(dict.fromkeys(names))
 
 
-def register(sub: Any) -> None:
-    """Add ``zl-bench run`` to the command line (bench.cli discovers this)."""
-    p = sub.add_parser("run", help="stand up the stacks, run the profiles, write results/")
-    p.add_argument("--scale", choices=SCALES, default="laptop")
-    p.add_argument(
+def _stacks(text: str) -> tuple[StackName, ...]:
+    names = _csv(text)
+    unknown = [n for n in names if n not in STACKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown stack(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(STACKS)}"
+        )
+    return tuple(dict.fromkeys(StackName(n) for n in names))
+
+
+def _replicas(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of replicas >= 1, got {text!r}")
+    return value
+
+
+def check_url(text: str) -> str:
+    """An http(s) URL with a host and, if given, a port in 1-65535; the text without a
+    trailing slash. Raises argparse.ArgumentTypeError naming what is wrong."""
+    parts = urllib.parse.urlsplit(text.strip())
+    if parts.scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the scheme must be http or https")
+    if not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: no host")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: the port must lie in 1-65535")
+    return text.strip().rstrip("/")
+
+
+def _urls(text: str) -> tuple[str, ...]:
+    return tuple(check_url(item) for item in _csv(text))
+
+
+def _engine_option(text: str) -> tuple[str, Any]:
+    try:
+        return parse_engine_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench run``'s arguments."""
+    parser.add_argument("--scale", choices=SCALES, default="laptop", help="load scale")
+    parser.add_argument(
         "--profiles",
-        type=_csv,
-        default=list(DEFAULT_PROFILES),
-        help="comma-separated: a_latency,b_high_concurrency,c_mixed,d_fault (or a,b,c,d)",
+        type=_profiles,
+        default=",".join(PROFILES),
+        help=f"comma-separated, from {', '.join(PROFILES)} (or a,b,c,d)",
     )
-    p.add_argument("--stacks", type=_csv, default=list(STACKS), help="zerolayer,baseline")
-    p.add_argument("--engine", default="sim", help="sim (default), null, torch, vllm")
-    p.add_argument(
+    parser.add_argument(
+        "--stacks", type=_stacks, default=",".join(STACKS), help=f"from {', '.join(STACKS)}"
+    )
+    parser.add_argument("--engine", choices=ENGINES, default="sim", help="engine of every replica")
+    parser.add_argument(
         "--engine-option",
-        type=_kv,
+        type=_engine_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="engine option, e.g. model_shape=llama-3.2-1b (repeatable)",
+        help="engine option, VALUE as JSON else a string, e.g. model_shape=llama-3.2-1b "
+        "(repeatable)",
     )
-    p.add_argument("--replicas", type=int, default=2, help="engine replicas per stack")
-    p.add_argument("--loader", choices=LOADERS, default="native")
-    p.add_argument("--out", default="results", help="parent of results/<run-id>/")
-    p.add_argument("--seed", type=int, help="override every profile's seed")
-    p.add_argument(
+    parser.add_argument("--replicas", type=_replicas, default=2, help="engine replicas per stack")
+    parser.add_argument("--loader", choices=tuple(LOADERS), default="native", help="load tool")
+    parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
+    parser.add_argument("--seed", type=int, help="override every profile's seed")
+    parser.add_argument(
         "--zerolayer-urls",
-        type=_csv,
-        default=[],
-        help="replica URLs of a zero-layer stack already running (nothing started)",
+        type=_urls,
+        default="",
+        help="comma-separated replica URLs of a zero-layer stack already running",
     )
-    p.add_argument("--baseline-url", default="", help="front door of a baseline already running")
-    p.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
-    p.set_defaults(func=_main)
+    parser.add_argument(
+        "--baseline-url", type=check_url, default=None, help="front door of a running baseline"
+    )
+    parser.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
 
 
-def _main(args: argparse.Namespace) -> int:
-    unknown = [s for s in args.stacks if s not in STACKS]
-    if unknown:
-        raise SystemExit(f"zl-bench run: unknown stack(s) {unknown}; choose from {STACKS}")
+def run_command(args: argparse.Namespace) -> int:
+    """Build the RunConfig from the command line (validating engine options) and run it."""
+    try:
+        options = validate_engine_options(args.engine, dict(args.engine_option))
+    except ValueError as exc:
+        raise UsageError(f"--engine-option: {exc}") from exc
     config = RunConfig(
         scale=args.scale,
-        profiles=args.profiles,
-        stacks=args.stacks,
+        profiles=tuple(args.profiles),
+        stacks=tuple(args.stacks),
         engine=args.engine,
-        engine_options=dict(args.engine_option),
+        engine_options=options,
         replicas=args.replicas,
         loader=args.loader,
         out=args.out,
         seed=args.seed,
-        zerolayer_urls=args.zerolayer_urls,
-        baseline_url=args.baseline_url,
+        zerolayer_urls=tuple(args.zerolayer_urls),
+        baseline_url=args.baseline_url or "",
         ray_address=args.ray_address,
     )
     return run(config)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from bench.cli import main as cli_main
-
-    return cli_main(["run", *(argv or sys.argv[1:])])

@@ -2,7 +2,7 @@
 
 These are the parts of the zero-layer path's added latency that the SDK controls: encoding a
 request (contract headers, body, HPACK) and parsing a streamed chunk. Compare them with the
-round trip that ``python -m bench.overhead`` measures.
+round trip that ``zl-bench overhead`` measures.
 """
 
 from __future__ import annotations

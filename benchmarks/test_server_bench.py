@@ -4,7 +4,7 @@
 state machine and a real ``Replica`` + ``H2Handler`` (null engine) behind a transport that only
 collects what it is given: the protocol and application CPU of the zero-layer path without the
 sockets (h2 framing both ways, hpack, inbound header validation, admission, the engine call, SSE
-framing); compare with ``python -m bench.overhead``'s ``cpu us`` + ``srv us``. The decoder pair
+framing); compare with ``zl-bench overhead``'s ``cpu us`` + ``srv us``. The decoder pair
 shows what ``FastDecoder`` saves over hpack's own on a request's header block.
 """
 

@@ -3,6 +3,6 @@
 ``actions`` (faults mirroring Chaos Mesh), ``netproxy`` (loopback TCP delay and partition),
 ``probes`` (a sliding-window SLI and liveness), ``controls`` (background load and telemetry
 around each experiment), ``recovery`` (time to detect and recover, losses, blast radius),
-``targets`` (the JSON file that tells an experiment where the stack is), ``stacks`` (standing the
-two stacks up for a chaos run) and ``runner`` (``python -m chaos.runner``).
+``targets`` (the JSON file that tells an experiment where the stack is) and ``runner`` (profile D
+on a running stack, and ``zl-bench chaos``). Stacks are stood up by ``harness.stacks``.
 """

@@ -22,15 +22,18 @@ import contextlib
 import http.client
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Final
 
 import psutil
 
 from chaos import netproxy
 from chaos.targets import Target, load_target, target_path, write_target
+from harness.stacks import BASELINE_ROLES, client_for, spawn_replica
 from zerolayer.client.sdk import split_url
 
 ABSENT: Final = "absent"
@@ -63,8 +66,7 @@ def live_pids(target: Target) -> dict[str, list[int]]:
             if ray.is_initialized():
                 from baselines.rayserve.standup import serve_actor_pids
 
-                pids = serve_actor_pids()
-                return {"orchestrator": pids.pop("ingress"), **pids}
+                return {BASELINE_ROLES.get(r, r): p for r, p in serve_actor_pids().items()}
     return {role: [p for p in pids if alive(p)] for role, pids in target.pids.items()}
 
 
@@ -219,11 +221,18 @@ def cpu_stress(
             "t_ns": t_ns, "end_ns": _now_ns()}  # fmt: skip
 
 
-def _wait_listening(url: str, deadline: float) -> bool:
+def _health_conn(url: str, tls_ca: str) -> http.client.HTTPConnection:
+    host, port, tls = split_url(url)
+    if not tls:
+        return http.client.HTTPConnection(host, port, timeout=1.0)
+    ctx = ssl.create_default_context(cafile=tls_ca or None)
+    return http.client.HTTPSConnection(host, port, timeout=1.0, context=ctx)
+
+
+def _wait_listening(url: str, deadline: float, tls_ca: str = "") -> bool:
     """Until ``GET /health`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes."""
-    host, port, _ = split_url(url)
     while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection(host, port, timeout=1.0)
+        conn = _health_conn(url, tls_ca)
         try:
             conn.request("GET", "/health")
             response = conn.getresponse()
@@ -238,12 +247,6 @@ def _wait_listening(url: str, deadline: float) -> bool:
     return False
 
 
-def spawn_replica(command: list[str], log_path: str) -> subprocess.Popen[bytes]:
-    """Start one zero-layer replica process, its output appended to ``log_path``."""
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-
 def restart_replicas(
     timeout_s: float = LISTEN_TIMEOUT_S, configuration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -254,7 +257,7 @@ def restart_replicas(
     """
     path = target_path(configuration)
     target = load_target(configuration)
-    restarted = []
+    restarted: list[dict[str, Any]] = []
     for spec in target.replicas:
         if alive(spec.pid):
             continue
@@ -266,7 +269,7 @@ def restart_replicas(
         write_target(path, target)
     deadline = time.monotonic() + timeout_s
     for item in restarted:
-        if not _wait_listening(item["url"], deadline):
+        if not _wait_listening(str(item["url"]), deadline, target.tls_ca):
             raise RuntimeError(f"replica {item['url']} did not come back in {timeout_s} s")
     return {"restarted": restarted, "t_ns": _now_ns()}
 
@@ -293,7 +296,7 @@ def wait_ready(
     while not _ready(target) and time.monotonic() < deadline:
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
-    healthy = _ready(target) and all(_wait_listening(u, deadline) for u in urls)
+    healthy = _ready(target) and all(_wait_listening(u, deadline, target.tls_ca) for u in urls)
     if not healthy:
         raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
     if target.stack == "baseline":
@@ -312,17 +315,17 @@ async def _pressure(
     deadline_ms: int,
 ) -> dict[str, Any]:
     from harness.workload import make_prompt
-    from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
+    from zerolayer.client import ZeroLayerError
     from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
     session = f"kv-pressure-{index}"
-    client: Any
+    tls_ca = Path(target.tls_ca) if target.tls_ca else None
     if target.stack == "zerolayer":
         url = target.replicas[index % len(target.replicas)].url
-        client = ZeroLayerClient([url], max_retries=0, health_interval_s=0)
+        client = client_for("h2", [url], tls_ca, max_retries=0, health_interval_s=0)
     else:
         url = target.load_urls[0]
-        client = Http1Client(url)
+        client = client_for("http1", [url], tls_ca)
     outcomes: dict[str, int] = {}
 
     async def one(i: int) -> None:

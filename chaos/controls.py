@@ -11,7 +11,7 @@ in flight ends as completed, error or lost, and telemetry stops.
 The load is bounded in time (``load_max_s``) and count (its schedule), and stops at the next
 arrival once asked to. Everything is configured through Chaos Toolkit ``configuration`` keys
 (set by ``chaos.runner``): ``target_file``, ``requests_path``, ``telemetry_path``,
-``phases_path``, ``sdk_health_path``, ``scale``, ``load_rate``, ``load_deadline_ms``,
+``phases_path``, ``sdk_health_path``, ``scale``, ``seed``, ``load_rate``, ``load_deadline_ms``,
 ``load_max_s``, ``warmup_s``, ``tail_s``, ``health_interval_s``, ``health_timeout_s``.
 """
 
@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from chaos.actions import live_pids
 from chaos.targets import Target, load_target
@@ -32,17 +32,21 @@ from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
 from harness.loaders.native import client_sender, run_schedule
 from harness.profile import Profile, load_profile
 from harness.schema import JsonlWriter
-from harness.telemetry import Component, PhaseLog, ProcessSource, Sampler
+from harness.stacks import client_for
+from harness.telemetry import (
+    Component,
+    EngineSource,
+    EngineTarget,
+    PhaseLog,
+    ProcessSource,
+    Sampler,
+    Source,
+)
+from harness.telemetry.process import ROLES
 from harness.workload import PlannedRequest, build_schedule
+from zerolayer.client import Http1Client, ZeroLayerClient
 
 PROFILE: Final = "d_fault"
-STACK_ROLES: Final = {
-    "replica": "replica",
-    "engine": "engine",
-    "orchestrator": "orchestrator",
-    "proxy": "proxy",
-    "controller": "controller",
-}
 HEALTH_WATCH_S: Final = 0.02
 TELEMETRY_INTERVAL_S: Final = 0.25
 STOP_MARGIN_S: Final = 10.0
@@ -66,7 +70,13 @@ class StoppableSchedule(Sequence[PlannedRequest]):
     def __len__(self) -> int:
         return len(self.inner)
 
-    def __getitem__(self, i: int) -> PlannedRequest:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> PlannedRequest: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[PlannedRequest]: ...
+
+    def __getitem__(self, i: int | slice) -> PlannedRequest | Sequence[PlannedRequest]:
         return self.inner[i]
 
     def __iter__(self) -> Iterator[PlannedRequest]:
@@ -78,7 +88,7 @@ class StoppableSchedule(Sequence[PlannedRequest]):
 
 def chaos_profile(conf: dict[str, Any]) -> Profile:
     """Profile D at the configured scale, with the chaos run's rate, deadline and time bound."""
-    base = load_profile(PROFILE, conf.get("scale", "smoke"))
+    base = load_profile(PROFILE, conf.get("scale", "smoke"), conf.get("seed"))
     rate = float(conf.get("load_rate", base.rate))
     max_s = float(conf.get("load_max_s", 120.0))
     deadline = int(conf.get("load_deadline_ms", base.classes[0].deadline_ms))
@@ -131,22 +141,18 @@ class BackgroundLoad:
             raise self.error
         return self.result
 
-    def _client(self) -> Any:
-        from zerolayer.client import Http1Client, ZeroLayerClient
-
-        grace_ms = int(DEFAULT_GRACE_S * 1000)
+    def _client(self) -> ZeroLayerClient | Http1Client:
+        """The stack's client over the target's load URLs (the fault proxy among them)."""
+        options: dict[str, Any] = {"grace_ms": int(DEFAULT_GRACE_S * 1000)}
         if self.target.protocol == "h2":
-            return ZeroLayerClient(
-                self.target.load_urls,
-                health_interval_s=float(self.conf.get("health_interval_s", 1.0)),
-                health_timeout_s=float(self.conf.get("health_timeout_s", 1.0)),
-                grace_ms=grace_ms,
-            )
-        return Http1Client(self.target.load_urls[0], grace_ms=grace_ms)
+            options["health_interval_s"] = float(self.conf.get("health_interval_s", 1.0))
+            options["health_timeout_s"] = float(self.conf.get("health_timeout_s", 0.5))
+        tls_ca = Path(self.target.tls_ca) if self.target.tls_ca else None
+        return client_for(self.target.protocol, self.target.load_urls, tls_ca, **options)
 
-    async def _watch_health(self, client: Any) -> None:
+    async def _watch_health(self, client: ZeroLayerClient | Http1Client) -> None:
         """Write every change of the SDK's up/down verdict per replica URL."""
-        if self.health_path is None or not hasattr(client, "replicas"):
+        if self.health_path is None or not isinstance(client, ZeroLayerClient):
             return
         state = {url: client.is_up(url) for url in client.replicas}
         with JsonlWriter(self.health_path) as out:
@@ -190,9 +196,23 @@ def components(target: Target) -> list[Component]:
     """Every process of the stack by role, plus this process as the loader, for telemetry."""
     out = [Component("loader", os.getpid(), "loader")]
     for role, pids in live_pids(target).items():
-        kind = STACK_ROLES.get(role, "other")
+        kind = role if role in ROLES else "other"
         out.extend(Component(f"{role}-{i}", pid, kind, target.stack) for i, pid in enumerate(pids))
     return out
+
+
+def engine_source(target: Target) -> EngineSource:
+    """The stack's engines for telemetry: zero-layer ``/metrics``, the baseline's stats files."""
+    tls_ca = Path(target.tls_ca) if target.tls_ca else None
+    targets = [
+        EngineTarget.metrics(f"zl-{i}", target.stack, url, tls_ca=tls_ca)
+        for i, url in enumerate(target.engine_metrics)
+    ]
+    targets += [
+        EngineTarget.stats_file(f"serve-{i}", target.stack, path)
+        for i, path in enumerate(target.engine_stats_files)
+    ]
+    return EngineSource(targets)
 
 
 @dataclasses.dataclass
@@ -215,8 +235,8 @@ def before_experiment_control(
     phases = PhaseLog(conf["phases_path"]) if conf.get("phases_path") else None
     sampler = None
     if conf.get("telemetry_path"):
-        source = ProcessSource(components(target))
-        sampler = Sampler([source], conf["telemetry_path"], TELEMETRY_INTERVAL_S, phases)
+        sources: list[Source] = [ProcessSource(components(target)), engine_source(target)]
+        sampler = Sampler(sources, conf["telemetry_path"], TELEMETRY_INTERVAL_S, phases)
         sampler.start()
     title = str(context.get("title", "experiment"))
     load = BackgroundLoad(target, conf, conf.get("experiment_tag", "x"))

@@ -64,6 +64,7 @@ class Recovery:
     sli_before: float | None
     sli_min: float | None
     note: str = ""
+    engine_replicas: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +212,7 @@ def compute(
         replicas_affected=sorted(hit),
         fault_start_ns=start,
         fault_end_ns=end,
+        engine_replicas=target.engine_replicas,
         sli_before=series.sli(start, window_s) if start else None,
         sli_min=low,
         note=note,

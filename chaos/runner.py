@@ -1,76 +1,43 @@
-"""``python -m chaos.runner``: stand a stack up, run chaos experiments on it, print recovery.
-
-    python -m chaos.runner --stack zerolayer|baseline [--experiments FILE ...]
-                           [--scale smoke|laptop] [--out DIR]
+"""``zl-bench chaos`` and profile D: chaos experiments on a running stack, recovery rows back.
 
 Each experiment runs through chaostoolkit-lib's ``run_experiment`` in the main thread (Chaos
-Toolkit installs signal handlers), with rollbacks set to run ``always``. Per experiment, under
-``DIR/chaos/``: the journal (``<stack>-<name>.journal.json``), the background load's requests
-(``requests-<stack>-d_fault-<name>.jsonl``), telemetry, phases and the SDK's health view; and
-``recovery-<stack>.json`` with every row of the recovery table, which is also printed.
-The bench's profile D calls :func:`run_profile_d`.
+Toolkit installs signal handlers), with rollbacks set to run ``always``, on the very stack the
+run stood up (its engine, engine options and replica count): the fault proxy is put in front of
+its first replica (zero-layer) or its front door (baseline) without restarting anything, and a
+killed zero-layer replica comes back on its port with its own command. Chaos settings come from
+profile D's TOML at the run's scale. Per experiment, under ``RUN/chaos/``: the journal
+(``<stack>-<name>.journal.json``), the background load's requests
+(``requests-<stack>-d_fault-<name>.jsonl``), telemetry (processes and engines), phases and the
+SDK's health view; and ``recovery-<stack>.json`` with every row of the recovery table.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import json
 import logging
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from chaos.actions import wait_ready
+from chaos.netproxy import NetProxy
 from chaos.recovery import Recovery, compute_from_files
-from chaos.stacks import baseline_stack, zerolayer_stack
-from chaos.targets import read_target
-from harness.profile import load_profile
+from chaos.targets import ReplicaSpec, Target, read_target, write_target
+from harness.capacity import kv_tokens
+from harness.errors import UsageError
+from harness.profile import SCALES, ChaosSettings, Profile, load_profile
 from harness.schema import CHAOS_DIR, requests_file
+from harness.stacks import STACKS, Stack, StackName, StackSpec, stand_up
+from harness.telemetry import PhaseLog
+from zerolayer.engine import ENGINES
+from zerolayer.engine.options import add_engine_option, validate_engine_options
 
 EXPERIMENT_DIR: Final = Path(__file__).parent / "experiments"
-STACKS: Final = ("zerolayer", "baseline")
-CHAOS_SCALES: Final = ("smoke", "laptop")
 SETTINGS: Final = {"runtime": {"rollbacks": {"strategy": "always"}}}
-ENGINE: Final = "sim"
-REPLICAS: Final = 2
-
-
-@dataclass(frozen=True)
-class ChaosScale:
-    """How long and how hard a chaos run is at one scale (load rate comes from profile D)."""
-
-    warmup_s: float
-    tail_s: float
-    settle_s: float
-    window_s: float
-    slo_ttft_ms: float
-    sli_target: float
-    deadline_ms: int
-    recover_timeout_s: float
-    pause_s: float
-    kv_hold_s: float
-    kv_requests: int
-    load_max_s: float
-    num_kv_blocks: int
-    health_interval_s: float = 1.0
-    health_timeout_s: float = 0.5
-
-
-SCALES: Final = {
-    "smoke": ChaosScale(
-        warmup_s=2.0, tail_s=1.0, settle_s=2.0, window_s=2.0, slo_ttft_ms=1000.0,
-        sli_target=0.9, deadline_ms=10_000, recover_timeout_s=15.0, pause_s=5.0,
-        kv_hold_s=4.0, kv_requests=24, load_max_s=90.0, num_kv_blocks=2048,
-    ),
-    "laptop": ChaosScale(
-        warmup_s=5.0, tail_s=3.0, settle_s=5.0, window_s=5.0, slo_ttft_ms=1000.0,
-        sli_target=0.95, deadline_ms=30_000, recover_timeout_s=40.0, pause_s=5.0,
-        kv_hold_s=10.0, kv_requests=48, load_max_s=240.0, num_kv_blocks=4096,
-    ),
-}  # fmt: skip
+PROFILE: Final = "d_fault"
 
 
 def experiment_paths(names: Sequence[str] | None = None) -> list[Path]:
@@ -84,17 +51,42 @@ def experiment_paths(names: Sequence[str] | None = None) -> list[Path]:
     return out
 
 
+def chaos_settings(profile: Profile) -> ChaosSettings:
+    """The profile's chaos settings; a profile without them cannot drive chaos."""
+    if profile.chaos is None:
+        raise ValueError(f"profile {profile.name!r} has no [chaos] settings at {profile.scale}")
+    return profile.chaos
+
+
+def kv_prompt_tokens(spec: StackSpec, settings: ChaosSettings) -> int:
+    """Prompt tokens per KV-pressure request: ``kv_fill`` times one replica's KV cache over
+    ``kv_requests`` requests, from the engine's own KV size (the same on both stacks), capped
+    by the engine's context length; the profile's fixed figure when the KV size is unknown."""
+    tokens = kv_tokens(spec.engine, spec.engine_options)
+    if tokens is None:
+        return settings.kv_prompt_tokens
+    per_request = math.ceil(settings.kv_fill * tokens / settings.kv_requests)
+    max_len = int(spec.engine_options.get("max_model_len", 131_072))
+    return max(1, min(per_request, max_len) - settings.kv_max_tokens)
+
+
 def configuration(
-    stack: str, name: str, scale: str, target_file: Path, chaos_dir: Path, sc: ChaosScale
+    stack: str,
+    name: str,
+    profile: Profile,
+    target_file: Path,
+    chaos_dir: Path,
+    prompt_tokens: int,
 ) -> dict[str, Any]:
     """The Chaos Toolkit configuration one experiment runs with (see ``chaos.controls``)."""
-    profile = load_profile("d_fault", scale)
+    sc = chaos_settings(profile)
     prefix = f"{stack}-{name}"
     return {
         "target_file": str(target_file),
         "experiment_tag": name,
-        "scale": scale,
-        "requests_path": str(chaos_dir / requests_file(stack, f"d_fault-{name}")),
+        "scale": profile.scale,
+        "seed": profile.seed,
+        "requests_path": str(chaos_dir / requests_file(stack, f"{PROFILE}-{name}")),
         "telemetry_path": str(chaos_dir / f"telemetry-{prefix}.jsonl"),
         "phases_path": str(chaos_dir / f"phases-{prefix}.jsonl"),
         "sdk_health_path": str(chaos_dir / f"sdk-health-{prefix}.jsonl"),
@@ -111,6 +103,8 @@ def configuration(
         "pause_s": sc.pause_s,
         "kv_hold_s": sc.kv_hold_s,
         "kv_requests": sc.kv_requests,
+        "kv_prompt_tokens": prompt_tokens,
+        "kv_max_tokens": sc.kv_max_tokens,
         "health_interval_s": sc.health_interval_s,
         "health_timeout_s": sc.health_timeout_s,
     }
@@ -119,20 +113,19 @@ def configuration(
 def run_one(
     path: Path,
     stack: str,
-    scale: str,
+    profile: Profile,
     target_file: Path,
     chaos_dir: Path,
-    sc: ChaosScale | None = None,
+    prompt_tokens: int | None = None,
 ) -> Recovery:
-    """Run one experiment file against the stack in ``target_file``; write its journal.
-
-    ``sc`` overrides the scale's settings (SLO, health interval...)."""
+    """Run one experiment file against the stack in ``target_file``; write its journal."""
     from chaoslib.experiment import ensure_experiment_is_valid, run_experiment
     from chaoslib.loader import load_experiment
 
     name = path.stem
-    sc = sc or SCALES[scale]
-    conf = configuration(stack, name, scale, target_file, chaos_dir, sc)
+    sc = chaos_settings(profile)
+    tokens = sc.kv_prompt_tokens if prompt_tokens is None else prompt_tokens
+    conf = configuration(stack, name, profile, target_file, chaos_dir, tokens)
     for key in ("requests_path", "telemetry_path", "phases_path", "sdk_health_path"):
         Path(conf[key]).unlink(missing_ok=True)
     experiment = load_experiment(str(path), settings=SETTINGS)
@@ -153,61 +146,103 @@ def run_one(
     )
 
 
-def run_on_target(
-    target_file: Path,
-    paths: Sequence[Path],
-    scale: str,
-    out_dir: Path,
-    sc: ChaosScale | None = None,
-) -> list[Recovery]:
-    """Every experiment in turn on a stack already up; the stack is whole again between them."""
-    stack = read_target(target_file).stack
-    chaos_dir = Path(out_dir) / CHAOS_DIR
-    chaos_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for path in paths:
-        rows.append(run_one(path, stack, scale, target_file, chaos_dir, sc))
-        wait_ready(SCALES[scale].recover_timeout_s, {"target_file": str(target_file)})
-    (chaos_dir / f"recovery-{stack}.json").write_text(
-        json.dumps([r.to_dict() for r in rows], indent=2)
+def _proxy_url(stack: Stack, proxy: NetProxy) -> str:
+    """The proxy forwards bytes, so a TLS stack is reached through it over TLS too."""
+    return proxy.url.replace("http://", "https://", 1) if stack.tls_ca else proxy.url
+
+
+def _zerolayer_target(stack: Stack, proxy: NetProxy) -> Target:
+    specs = [
+        ReplicaSpec(r.url, r.pid, r.port, list(r.command), str(r.log_path)) for r in stack.replicas
+    ]
+    return Target(
+        stack=stack.name,
+        load_urls=[_proxy_url(stack, proxy), *stack.urls[1:]],
+        protocol=stack.protocol,
+        pids=stack.pids(),
+        replicas=specs,
+        netproxy=proxy.control,
+        netproxy_front=stack.urls[0],
+        netproxy_url=_proxy_url(stack, proxy),
+        health_url=stack.urls[0],
+        engine_replicas=len(stack.replicas),
+        tls_ca=str(stack.tls_ca or ""),
+        engine_metrics=[f"{url}/metrics" for url in stack.urls],
     )
-    return rows
 
 
-def engine_options(scale: str) -> dict[str, Any]:
-    """A KV cache small enough that KV pressure fills it in seconds at this scale."""
-    return {"num_kv_blocks": SCALES[scale].num_kv_blocks}
+def _baseline_target(stack: Stack, proxy: NetProxy) -> Target:
+    return Target(
+        stack=stack.name,
+        load_urls=[_proxy_url(stack, proxy)],
+        protocol=stack.protocol,
+        pids=stack.pids(),
+        netproxy=proxy.control,
+        netproxy_front=stack.urls[0],
+        netproxy_url=_proxy_url(stack, proxy),
+        health_url=stack.urls[0],
+        engine_replicas=stack.spec.replicas,
+        engine_stats_files=[str(t.how) for t in stack.engine_targets()],
+    )
+
+
+def adopt_restarted(stack: Stack, target_file: Path) -> None:
+    """Make replicas that chaos started again (new pids in the target file) the stack's own."""
+    for spec in read_target(target_file).replicas:
+        stack.replica_restarted(spec.url, spec.pid)
+
+
+@contextlib.contextmanager
+def fault_target(stack: Stack, chaos_dir: Path) -> Iterator[Path]:
+    """The fault proxy in front of the running stack, and the target file experiments read.
+
+    On exit the proxy closes and the stack adopts any replica chaos started again."""
+    if stack.external:
+        raise ValueError(f"chaos needs a stack this run started, not the external {stack.urls}")
+    path = chaos_dir / f"target-{stack.name}.json"
+    with NetProxy(stack.urls[0].split("://", 1)[1]) as proxy:  # entering starts it
+        build = _zerolayer_target if stack.name is StackName.ZEROLAYER else _baseline_target
+        write_target(path, build(stack, proxy))
+        try:
+            yield path
+        finally:
+            adopt_restarted(stack, path)
 
 
 def run_profile_d(
-    stack: str,
-    out_dir: str | Path,
-    scale: str = "smoke",
-    experiments: Sequence[str] | None = None,
-    baseline_handle: Any = None,
-    **overrides: Any,
+    stack: Stack, profile: Profile, run_dir: Path, phases: PhaseLog | None = None
 ) -> list[Recovery]:
-    """Profile D for the bench: every chaos experiment on one stack, recovery rows back.
+    """Profile D: every chaos experiment, one after the other, on the given running stack.
 
-    Stands the stack up (a zero-layer stack always; the baseline unless ``baseline_handle``, a
-    running ``BaselineHandle``, is given: then it is reused and left running) and writes
-    everything under ``out_dir/chaos/``. ``overrides`` replace fields of the scale's
-    :class:`ChaosScale` (for example ``slo_ttft_ms=250``, ``health_interval_s=0.5``).
+    Chaos settings come from ``profile.chaos``; files go under ``run_dir/chaos/``; each
+    experiment is a phase in ``phases`` when given. Returns the recovery rows (also written to
+    ``recovery-<stack>.json``).
     """
-    if stack not in STACKS:
-        raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
-    if scale not in SCALES:
-        raise ValueError(f"chaos runs at {CHAOS_SCALES}, not {scale!r}")
-    out = Path(out_dir)
-    sc = dataclasses.replace(SCALES[scale], **overrides)
-    paths = experiment_paths(experiments)
-    run_dir = out / CHAOS_DIR / f"stack-{stack}"
-    options = {**engine_options(scale), "num_kv_blocks": sc.num_kv_blocks}
-    if stack == "zerolayer":
-        with zerolayer_stack(run_dir, REPLICAS, ENGINE, options) as target:
-            return run_on_target(target, paths, scale, out, sc)
-    with baseline_stack(run_dir, baseline_handle, REPLICAS, ENGINE, options) as target:
-        return run_on_target(target, paths, scale, out, sc)
+    sc = chaos_settings(profile)
+    chaos_dir = Path(run_dir) / CHAOS_DIR
+    chaos_dir.mkdir(parents=True, exist_ok=True)
+    tokens = kv_prompt_tokens(stack.spec, sc)
+    rows = []
+    with fault_target(stack, chaos_dir) as target_file:
+        for path in experiment_paths():
+            if phases is not None:
+                phases.begin(
+                    f"{stack.name}/{profile.name}",
+                    stack=stack.name.value,
+                    profile=profile.name,
+                    experiment=path.stem,
+                )
+            try:
+                rows.append(run_one(path, stack.name, profile, target_file, chaos_dir, tokens))
+                adopt_restarted(stack, target_file)
+                wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
+            finally:
+                if phases is not None:
+                    phases.end()
+    (chaos_dir / f"recovery-{stack.name}.json").write_text(
+        json.dumps([r.to_dict() for r in rows], indent=2)
+    )
+    return rows
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -234,29 +269,40 @@ def table(rows: Sequence[Recovery]) -> str:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m chaos.runner", description=__doc__)
-    parser.add_argument("--stack", choices=STACKS, required=True)
-    parser.add_argument("--experiments", nargs="*", help="files or names (default: all)")
-    parser.add_argument("--scale", choices=CHAOS_SCALES, default="smoke")
-    parser.add_argument("--out", default="results/chaos", help="results directory")
-    parser.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO of the SLI (ms)")
-    parser.add_argument("--health-interval-s", type=float, help="zero-layer SDK health poll")
-    parser.add_argument("--health-timeout-s", type=float, help="zero-layer SDK health timeout")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench chaos``: stand a stack up, run every chaos experiment on it, print recovery."""
+    parser.add_argument(
+        "--stack", choices=STACKS, nargs="+", default=list(STACKS), help="stacks to run"
+    )
+    parser.add_argument("--engine", default="sim", choices=ENGINES, help="engine of every replica")
+    add_engine_option(parser)
+    parser.add_argument("--replicas", type=int, default=2, help="engine replicas per stack")
+    parser.add_argument("--scale", choices=SCALES, default="smoke", help="profile D's scale")
+    parser.add_argument("--seed", type=int, default=None, help="schedule seed")
+    parser.add_argument("--out", type=Path, default=Path("results/chaos"), help="results dir")
     parser.add_argument("--verbose", action="store_true", help="Chaos Toolkit's own log")
-    return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _spec(name: str, args: argparse.Namespace) -> StackSpec:
+    try:
+        options = validate_engine_options(args.engine, dict(args.engine_options))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.replicas < 1:
+        raise UsageError(f"--replicas must be at least 1, got {args.replicas}")
+    return StackSpec(StackName(name), args.engine, options, args.replicas)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing was lost and every rollback succeeded, else 1."""
     logging.getLogger("chaostoolkit").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    names = ("slo_ttft_ms", "health_interval_s", "health_timeout_s")
-    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    rows = run_profile_d(args.stack, args.out, args.scale, args.experiments, **overrides)
+    specs = [_spec(name, args) for name in dict.fromkeys(args.stack)]
+    profile = load_profile(PROFILE, args.scale, args.seed)
+    rows: list[Recovery] = []
+    for spec in specs:
+        workdir = Path(args.out) / CHAOS_DIR / f"stack-{spec.name}"
+        with stand_up(spec, workdir) as stack:
+            rows += run_profile_d(stack, profile, Path(args.out))
     print(table(rows))
     lost = sum(r.lost for r in rows)
     return 1 if lost or not all(r.rollbacks_ok for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -42,7 +42,9 @@ class Target:
     proxy; baseline: the front door, possibly through the proxy). ``pids`` maps a role to its
     live processes at the time the file was written; ``replicas`` lets a killed zero-layer
     replica be restarted on its port. ``netproxy`` is the proxy's control address
-    (``host:port``) and ``netproxy_front`` what it stands in front of.
+    (``host:port``) and ``netproxy_front`` what it stands in front of. ``tls_ca`` is the
+    certificate to trust on a TLS stack; ``engine_metrics`` (zero-layer ``/metrics`` URLs) and
+    ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry.
     """
 
     stack: str
@@ -55,6 +57,9 @@ class Target:
     netproxy_url: str = ""
     health_url: str = ""
     engine_replicas: int = 0
+    tls_ca: str = ""
+    engine_metrics: list[str] = field(default_factory=list)
+    engine_stats_files: list[str] = field(default_factory=list)
 
     @property
     def engine_role(self) -> str:

@@ -5,12 +5,14 @@ layer, and must say so up front. The figure comes from the sim engine's StepTime
 model the engine sleeps by): at decode batch ``b`` every completed request costs its output
 length in decode slots of ``decode_ms(b, context) / b`` plus the marginal cost of its prefill, so
 ``rps(b) = 1000 / (O * decode_ms(b, ctx) / b + prefill_ms(P))``; the capacity is the best ``b``
-that ``max_num_seqs`` and the KV cache allow.
+that ``max_num_seqs`` and the KV cache allow. Engines without such a model (torch, vllm) and
+stacks run elsewhere get "unknown capacity" with the reason, never a sim figure.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
@@ -25,23 +27,34 @@ class Capacity:
 
     engine: str
     replicas: int
-    requests_per_s: float
-    output_tokens_per_s: float
-    batch: int
-    unloaded_e2el_ms: float
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    batch: int | None
+    unloaded_e2el_ms: float | None
     offered_requests_per_s: float
-    multiple: float
+    multiple: float | None
     infeasible_classes: tuple[str, ...]
+    reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
     def overloaded(self) -> bool:
-        return self.multiple > 1.0
+        return self.multiple is not None and self.multiple > 1.0
+
+    @classmethod
+    def unknown(cls, engine: str, replicas: int, offered: float, reason: str) -> Capacity:
+        """No prediction (None figures), and why."""
+        return cls(engine, replicas, None, None, None, None, offered, None, (), reason)
 
     def lines(self) -> list[str]:
         """Human-readable preflight lines, the last a loud warning when overloaded."""
+        if self.requests_per_s is None:
+            return [
+                f"capacity preflight: {self.engine} x{self.replicas}: unknown capacity "
+                f"({self.reason}); offered {self.offered_requests_per_s:.1f} req/s"
+            ]
         if self.engine == "null":
             return [
                 f"capacity preflight: null engine x{self.replicas}: no compute limit; "
@@ -80,7 +93,9 @@ def predict(
     if engine == "null":
         return Capacity("null", replicas, float("inf"), float("inf"), 0, 0.0, offered, 0.0, ())
     if engine != "sim":
-        raise ValueError(f"no step-time model for engine {engine!r}; preflight knows sim and null")
+        return Capacity.unknown(
+            engine, replicas, offered, f"no step-time model for engine {engine!r}"
+        )
     config = config or SimConfig()
     shape = model_shape(config.model_shape, load_profile(config.profile_path))
     model = StepTimeModel(shape)
@@ -135,15 +150,37 @@ def predict(
     )
 
 
+def kv_tokens(engine: str, engine_options: Mapping[str, Any]) -> int | None:
+    """Tokens one engine replica's KV cache holds, where the engine's size is known (sim)."""
+    if engine != "sim":
+        return None
+    config = SimConfig(**engine_options)
+    shape = model_shape(config.model_shape, load_profile(config.profile_path))
+    return config.kv_blocks(shape.weight_bytes, shape.kv_bytes_per_token) * config.block_size
+
+
 def preflight(
     profile: Profile,
     engine: str = "sim",
     replicas: int = 1,
-    config: SimConfig | None = None,
+    engine_options: Mapping[str, Any] | None = None,
+    external: bool = False,
     stream: IO[str] | None = None,
 ) -> Capacity:
-    """Predict, print the lines (warnings to stderr as well), and return the prediction."""
-    cap = predict(profile, engine, replicas, config)
+    """Predict, print the lines (warnings to stderr as well), and return the prediction.
+
+    Never raises for an engine without a model or an external stack (whose engines and their
+    settings this run cannot see): the capacity is then unknown, with the reason.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if external:
+        cap = Capacity.unknown(
+            engine, replicas, profile.rate, "external stack: its engines are not known here"
+        )
+    else:
+        config = SimConfig(**engine_options) if engine == "sim" and engine_options else None
+        cap = predict(profile, engine, replicas, config)
     out = stream if stream is not None else sys.stdout
     for line in cap.lines():
         print(line, file=out, flush=True)

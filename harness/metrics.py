@@ -53,19 +53,20 @@ def percentile_key(p: float) -> str:
     return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
 
 
-def describe(name: str, values_ms: Sequence[float]) -> dict[str, float]:
-    """mean, median, std and percentiles of one series, keyed ``{stat}_{name}_ms``."""
+def describe(name: str, values_ms: Sequence[float]) -> dict[str, float | None]:
+    """mean, median, std and percentiles of one series, keyed ``{stat}_{name}_ms``.
+
+    An empty series has no statistics: every value is None (null on disk), never 0 ms, so a
+    profile that completed nothing cannot read as infinitely fast.
+    """
     arr = np.asarray(values_ms, dtype=float)
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms"]
+    keys += [f"{percentile_key(p)}_{name}_ms" for p in PERCENTILES]
     if arr.size == 0:
-        arr = np.zeros(1)
-    out = {
-        f"mean_{name}_ms": float(arr.mean()),
-        f"median_{name}_ms": float(np.median(arr)),
-        f"std_{name}_ms": float(arr.std()),
-    }
-    for p in PERCENTILES:
-        out[f"{percentile_key(p)}_{name}_ms"] = float(np.percentile(arr, p))
-    return out
+        return dict.fromkeys(keys, None)
+    values = [float(arr.mean()), float(np.median(arr)), float(arr.std())]
+    values += [float(v) for v in np.percentile(arr, PERCENTILES)]
+    return dict(zip(keys, values, strict=True))
 
 
 def tpot_ms(rec: RequestRecord) -> float | None:
@@ -105,12 +106,17 @@ def meets_slos(rec: RequestRecord, slos_ms: Mapping[str, float]) -> bool:
     unknown = set(slos_ms) - set(SLO_SERIES)
     if unknown:
         raise ValueError(f"unknown SLO keys {sorted(unknown)}; use {SLO_SERIES}")
-    values = {
+    values: dict[str, float | None] = {
         "ttft": (rec.first_token_ns - rec.sent_ns) / NS_PER_MS if rec.first_token_ns else None,
         "tpot": tpot_ms(rec),
         "e2el": (rec.end_ns - rec.sent_ns) / NS_PER_MS,
     }
-    return all(values[k] is None or values[k] <= limit for k, limit in slos_ms.items())
+    return all(_within(values[k], limit) for k, limit in slos_ms.items())
+
+
+def _within(value: float | None, limit: float) -> bool:
+    """A figure the request does not have (TPOT of one token) cannot miss its SLO."""
+    return value is None or value <= limit
 
 
 def hdr_encode(values_ms: Iterable[float]) -> str:
@@ -136,7 +142,7 @@ def run_duration_s(records: Sequence[RequestRecord]) -> float:
 
 
 def validity(
-    stats: Mapping[str, float],
+    stats: Mapping[str, Any],
     lost: int,
     lag_limit_ms: float = LAG_LIMIT_MS,
     lag_fraction: float = LAG_FRACTION_OF_MEDIAN,
@@ -149,8 +155,8 @@ def validity(
     the stack and also void the run.
     """
     reasons = []
-    lag = stats.get("p99_lag_ms", 0.0)
-    median = stats.get("median_e2el_ms", 0.0)
+    lag = stats.get("p99_lag_ms") or 0.0
+    median = stats.get("median_e2el_ms") or 0.0
     if lag > lag_limit_ms:
         reasons.append(f"loader lagged: p99 scheduling lag {lag:.3f} ms > {lag_limit_ms} ms")
     elif lag_fraction > 0 and median > 0 and lag > lag_fraction * median:

@@ -34,6 +34,7 @@ _TOP_KEYS = {
     "classes",
     "scales",
     "fault",
+    "chaos",
 }
 _CLASS_KEYS = {
     "name",
@@ -44,7 +45,16 @@ _CLASS_KEYS = {
     "priority",
     "deadline_ms",
 }
-_SCALE_KEYS = {"rate", "duration_s", "max_requests", "connections", "classes", "fault", "seed"}
+_SCALE_KEYS = {
+    "rate",
+    "duration_s",
+    "max_requests",
+    "connections",
+    "classes",
+    "fault",
+    "seed",
+    "chaos",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,67 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class ChaosSettings:
+    """How long and how hard the chaos experiments of profile D run at one scale.
+
+    The background load is the profile's own (rate, classes); ``deadline_ms`` replaces its
+    deadline so that a request held through a fault and its recovery is answered, not lost.
+    KV pressure asks for ``kv_fill`` times one engine replica's KV cache, in ``kv_requests``
+    requests of ``kv_max_tokens`` output each (``kv_prompt_tokens`` when the KV size is unknown).
+    """
+
+    warmup_s: float
+    tail_s: float
+    settle_s: float
+    window_s: float
+    slo_ttft_ms: float
+    sli_target: float
+    deadline_ms: int
+    recover_timeout_s: float
+    pause_s: float
+    load_max_s: float
+    kv_hold_s: float
+    kv_requests: int
+    kv_fill: float
+    kv_max_tokens: int
+    kv_prompt_tokens: int
+    health_interval_s: float
+    health_timeout_s: float
+
+
+_CHAOS_FIELDS: Final = {
+    "warmup_s": float,
+    "tail_s": float,
+    "settle_s": float,
+    "window_s": float,
+    "slo_ttft_ms": float,
+    "sli_target": float,
+    "deadline_ms": int,
+    "recover_timeout_s": float,
+    "pause_s": float,
+    "load_max_s": float,
+    "kv_hold_s": float,
+    "kv_requests": int,
+    "kv_fill": float,
+    "kv_max_tokens": int,
+    "kv_prompt_tokens": int,
+    "health_interval_s": float,
+    "health_timeout_s": float,
+}
+
+
+def _chaos(where: str, raw: dict[str, Any]) -> ChaosSettings:
+    _unknown(where, raw, set(_CHAOS_FIELDS))
+    missing = set(_CHAOS_FIELDS) - set(raw)
+    if missing:
+        raise ValueError(f"{where}: missing keys {sorted(missing)}")
+    values = {k: _positive(f"{where} {k}", raw[k], kind) for k, kind in _CHAOS_FIELDS.items()}
+    if values["sli_target"] > 1:
+        raise ValueError(f"{where} sli_target must be at most 1, got {values['sli_target']}")
+    return ChaosSettings(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """A profile at one scale: everything a loader needs to build and send the schedule."""
 
@@ -91,6 +162,7 @@ class Profile:
     tenants: tuple[str, ...]
     seed: int
     fault: Fault | None = None
+    chaos: ChaosSettings | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """For run metadata: the exact load that was asked for."""
@@ -226,6 +298,9 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         )
         if fault.start_s + fault.duration_s > duration:
             raise ValueError(f"{name} {scale}: the fault ends after the load does")
+    chaos = None
+    if "chaos" in raw or "chaos" in sc:
+        chaos = _chaos(f"{name} {scale} chaos", _merge(raw.get("chaos", {}), sc.get("chaos", {})))
     tenants = defaults.get("tenants", ["default"])
     return Profile(
         name=name,
@@ -243,6 +318,7 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         tenants=tuple(str(t) for t in tenants) or ("default",),
         seed=int(seed if seed is not None else sc.get("seed", 0)),
         fault=fault,
+        chaos=chaos,
     )
 
 

@@ -1,12 +1,16 @@
 """The result schema: file layout of ``results/<run-id>/`` and the records written there.
 
-One home for these names; loaders write them, metrics and the report read them back.
+One home for these names and for each file's reader beside its writer; loaders and the run
+write them, metrics, the report and compare read them back as typed objects.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any, Final, Literal
 
@@ -106,17 +110,284 @@ class JsonlWriter:
         self.close()
 
 
+class ResultsError(Exception):
+    """A results file that cannot be read as what it claims to be; the message names the file."""
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSONL file, skipping a torn last line left by an interrupted writer."""
-    out = []
-    with open(path, "rb") as fh:
-        for line in fh:
-            try:
-                out.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                continue
+    """Read a JSONL file; only a torn LAST line (an interrupted writer's) is skipped.
+
+    A bad line anywhere else is damage, not an interruption: it raises ResultsError naming the
+    file and the line, rather than silently dropping data from the middle of a run.
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    out: list[dict[str, Any]] = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
+            if number == last:
+                break
+            raise ResultsError(f"{path}: line {number + 1} is not JSON ({exc})") from exc
     return out
 
 
 def read_requests(path: str | Path) -> list[RequestRecord]:
     return [RequestRecord.from_dict(d) for d in read_jsonl(path)]
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not JSON ({exc})") from exc
+
+
+_STAT_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_[a-z0-9_]+_ms$")
+
+
+@dataclass(frozen=True, slots=True)
+class Validity:
+    """Whether a row's figures may be reported as the server's, and if not, why."""
+
+    valid: bool
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"valid": self.valid, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Validity:
+        return cls(bool(data.get("valid", True)), tuple(data.get("reasons", ())))
+
+
+@dataclass(slots=True)
+class SummaryRow:
+    """One (stack, profile, loader) row of summary.json.
+
+    On disk the row is flat with vLLM's key names (``median_e2el_ms`` ...); here the series
+    statistics sit in ``stats`` (None where the series was empty: no completions means no
+    latency, not 0 ms) and keys this class does not know are kept in ``other``, verbatim.
+    """
+
+    stack: str
+    profile: str
+    loader: str
+    num_requests: int = 0
+    completed: int = 0
+    errors: int = 0
+    lost: int = 0
+    errors_by_code: dict[str, int] = field(default_factory=dict)
+    duration: float = 0.0
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    request_throughput: float = 0.0
+    request_goodput: float = 0.0
+    output_throughput: float = 0.0
+    total_token_throughput: float = 0.0
+    slos_ms: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float | None] = field(default_factory=dict)
+    hdr_us: dict[str, str] = field(default_factory=dict)
+    valid: bool = True
+    invalid_reasons: list[str] = field(default_factory=list)
+    loader_protocol: str = ""
+    ttft_is_first_byte: bool = False
+    loader_extra: dict[str, Any] = field(default_factory=dict)
+    recomputed: bool = False
+    other: dict[str, Any] = field(default_factory=dict)
+
+    def stat(self, key: str) -> float | None:
+        """A series statistic by its vLLM name, e.g. ``p99_e2el_ms``; None when not measured."""
+        return self.stats.get(key)
+
+    @property
+    def failed(self) -> int:
+        return self.errors + self.lost
+
+    @property
+    def validity(self) -> Validity:
+        return Validity(self.valid, tuple(self.invalid_reasons))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name not in ("stats", "other"):
+                out[f.name] = getattr(self, f.name)
+        out.update(self.stats)
+        out.update(self.other)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SummaryRow:
+        names = {f.name for f in fields(cls)} - {"stats", "other"}
+        known = {k: v for k, v in data.items() if k in names}
+        stats = {k: v for k, v in data.items() if k not in names and _STAT_KEY.match(k)}
+        other = {k: v for k, v in data.items() if k not in names and k not in stats}
+        known.setdefault("stack", "")
+        known.setdefault("profile", "")
+        known.setdefault("loader", "")
+        return cls(**known, stats=stats, other=other)
+
+
+def write_summary(run_dir: Path, rows: Sequence[SummaryRow]) -> None:
+    """summary.json, rewritten whole and atomically after every row."""
+    _write_json_atomic(run_dir / SUMMARY, [row.to_dict() for row in rows])
+
+
+def read_summary(run_dir: Path) -> list[SummaryRow]:
+    """summary.json back as rows; ResultsError when it is not a list of objects."""
+    data = _read_json(run_dir / SUMMARY)
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise ResultsError(f"{run_dir / SUMMARY}: expected a list of summary rows")
+    return [SummaryRow.from_dict(d) for d in data]
+
+
+class RunEnd(StrEnum):
+    """How a run ended, as run.json records it."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    SIGINT = "sigint"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class RunMeta:
+    """run.json: what a run was asked to do, on what, and how it ended.
+
+    ``complete`` and ``incomplete_reason`` are written beside ``end`` so readers of older runs
+    and people reading the file see the same verdict. A run that crashed says which exception.
+    """
+
+    run_id: str
+    scale: str = "unknown"
+    schema_version: int = SCHEMA_VERSION
+    config: dict[str, Any] = field(default_factory=dict)
+    engine: str = "unknown"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    git_revision: str = "unknown"
+    versions: dict[str, str] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    started_ns: int = 0
+    finished_ns: int | None = None
+    end: RunEnd = RunEnd.RUNNING
+    end_detail: str = ""
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    validity: dict[str, Validity] = field(default_factory=dict)
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    loader_nice: int | None = None
+    other: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.end is RunEnd.COMPLETE
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why the run is not complete, in words; None when it is."""
+        if self.end is RunEnd.COMPLETE:
+            return None
+        if self.end is RunEnd.SIGINT:
+            return "interrupted by SIGINT"
+        if self.end is RunEnd.ERROR:
+            return f"stopped by an error: {self.end_detail}"
+        return self.end_detail or "the run was interrupted or killed before it recorded its end"
+
+    @property
+    def loader(self) -> str | None:
+        value = self.config.get("loader")
+        return str(value) if value is not None else None
+
+    @property
+    def seed(self) -> int | None:
+        value = self.config.get("seed")
+        return int(value) if value is not None else None
+
+    def profile_seeds(self) -> dict[str, int | None]:
+        return {name: p.get("seed") for name, p in self.profiles.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "scale": self.scale,
+            "config": self.config,
+            "engine": {"name": self.engine, "options": self.engine_options},
+            "git_revision": self.git_revision,
+            "versions": self.versions,
+            "machine": self.machine,
+            "started_ns": self.started_ns,
+            "finished_ns": self.finished_ns,
+            "end": {"state": self.end.value, "detail": self.end_detail},
+            "complete": self.complete,
+            "incomplete_reason": self.incomplete_reason,
+            "profiles": self.profiles,
+            "stacks": self.stacks,
+            "validity": {k: v.to_dict() for k, v in self.validity.items()},
+            "telemetry": self.telemetry,
+            "loader_nice": self.loader_nice,
+        }
+        return {**self.other, **out}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], run_id: str = "") -> RunMeta:
+        engine = data.get("engine") or {}
+        if not isinstance(engine, dict):
+            engine = {"name": str(engine)}
+        options = engine.get("options")
+        if options is None:
+            options = {k: v for k, v in engine.items() if k != "name"}
+        end_data = data.get("end") or {}
+        if end_data:
+            end, detail = RunEnd(end_data.get("state", "running")), str(end_data.get("detail", ""))
+        elif data.get("complete"):
+            end, detail = RunEnd.COMPLETE, ""
+        else:
+            end, detail = RunEnd.RUNNING, str(data.get("incomplete_reason") or "")
+        validity = data.get("validity") or {}
+        known = {f.name for f in fields(cls)} | {"complete", "incomplete_reason"}
+        return cls(
+            run_id=str(data.get("run_id") or run_id),
+            scale=str(data.get("scale", "unknown")),
+            schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+            config=dict(data.get("config") or {}),
+            engine=str(engine.get("name", "unknown")),
+            engine_options=dict(options),
+            git_revision=str(data.get("git_revision", "unknown")),
+            versions=dict(data.get("versions") or {}),
+            machine=dict(data.get("machine") or {}),
+            started_ns=int(data.get("started_ns") or 0),
+            finished_ns=data.get("finished_ns"),
+            end=end,
+            end_detail=detail,
+            profiles=dict(data.get("profiles") or {}),
+            stacks=dict(data.get("stacks") or {}),
+            validity={k: Validity.from_dict(v) for k, v in validity.items() if isinstance(v, dict)},
+            telemetry=dict(data.get("telemetry") or {}),
+            loader_nice=data.get("loader_nice"),
+            other={k: v for k, v in data.items() if k not in known},
+        )
+
+
+def write_run_meta(run_dir: Path, meta: RunMeta) -> None:
+    """run.json, rewritten atomically at every change of state."""
+    _write_json_atomic(run_dir / RUN_META, meta.to_dict())
+
+
+def read_run_meta(run_dir: Path) -> RunMeta:
+    """run.json back; ResultsError when it is not a JSON object."""
+    data = _read_json(run_dir / RUN_META)
+    if not isinstance(data, dict):
+        raise ResultsError(f"{run_dir / RUN_META}: expected a JSON object")
+    return RunMeta.from_dict(data, run_dir.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -117,7 +118,18 @@ class Schedule(Sequence[PlannedRequest]):
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def __getitem__(self, i: int) -> PlannedRequest:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> PlannedRequest: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PlannedRequest]: ...
+
+    def __getitem__(self, i: int | slice) -> PlannedRequest | list[PlannedRequest]:
+        if isinstance(i, slice):
+            return [self._planned(k) for k in range(*i.indices(len(self)))]
+        return self._planned(i)
+
+    def _planned(self, i: int) -> PlannedRequest:
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)

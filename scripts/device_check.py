@@ -1,8 +1,8 @@
 """The GPU check of issue 8, run by ``scripts/device_check.sh`` (about 6-8 minutes on one H200).
 
-1. A zero-layer replica (``zl-replica --engine torch --model-shape llama-3.2-1b``, paged KV, CUDA
-   graphs) driven over h2c by the native loader at two constant rates; NVML utilisation and memory
-   sampled every 250 ms throughout.
+1. A zero-layer replica (``zl-replica --engine torch --engine-option model_shape=llama-3.2-1b``,
+   paged KV, CUDA graphs) driven over h2c by the native loader at two constant rates; NVML
+   utilisation and memory sampled every 250 ms throughout.
 2. The same engine in-process with each KV layout (paged, contiguous), driven at the higher rate
    through the native loader's in-process sender, sampling the engine's stats (KV waste, and the
    caching allocator's ``inactive_split_bytes / reserved_bytes`` and ``num_alloc_retries``).
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.loaders.native import engine_sender, run_native, run_schedule
-from harness.stacks import ReplicaProcess
+from harness.loaders.native import client_sender, engine_sender, run_schedule
+from harness.stacks import ReplicaProcess, client_for
 from harness.telemetry.nvml import NvmlSource
 from harness.workload import PlannedRequest
 
@@ -149,14 +149,15 @@ async def replica_phase(out: Path, tel: Telemetry, rates: list[float], seconds: 
         for rate in rates:
             phase = f"replica-paged-{rate:g}rps"
             tel.phase = phase
-            result = await run_native(
-                schedule(rate, seconds, phase),
-                urls=[replica.url],
-                stack="zerolayer",
-                profile=phase,
-                records_path=out / f"records-{phase}.jsonl",
-                progress=None,
-            )
+            async with client_for("h2", [replica.url], grace_ms=5000) as client:
+                result = await run_schedule(
+                    schedule(rate, seconds, phase),
+                    client_sender(client),
+                    stack="zerolayer",
+                    profile=phase,
+                    records_path=out / f"records-{phase}.jsonl",
+                    progress=None,
+                )
             tel.phase = "idle"
             results[phase] = {"load": result.summary, "gpu": gpu_summary(tel.phase_rows(phase))}
     finally:
@@ -214,23 +215,29 @@ def main() -> int:
                 layout_phase(args.out, tel, layout, max(rates), args.seconds)
             )
         if time.monotonic() - started < args.budget_s - 60:
-            from zerolayer.engine.calibrate import main as calibrate
+            from zerolayer.engine.calibrate import add_arguments, run_command
 
-            calibrate(
-                [
-                    "--model-shape",
-                    SHAPE,
-                    "--device",
-                    "cuda",
-                    "--batches",
-                    "1,8,32",
-                    "--contexts",
-                    "512,2048",
-                    "--prefill",
-                    "300,3000,12000",
-                    "--out",
-                    str(args.out / "h200-torch-calibrated.json"),
-                ]
+            calibrate = argparse.ArgumentParser(prog="calibrate")
+            add_arguments(calibrate)
+            run_command(
+                calibrate.parse_args(
+                    [
+                        "--engine",
+                        "torch",
+                        "--engine-option",
+                        f"model_shape={SHAPE}",
+                        "--engine-option",
+                        "device=cuda",
+                        "--batches",
+                        "1,8,32",
+                        "--contexts",
+                        "512,2048",
+                        "--prefill",
+                        "300,3000,12000",
+                        "--out",
+                        str(args.out / "h200-torch-calibrated.json"),
+                    ]
+                )
             )
     finally:
         tel.close()

@@ -2,27 +2,73 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from chaos import probes, runner
 from chaos.actions import wait_ready
 from chaos.recovery import Recovery
-from harness.schema import read_requests, requests_file
+from harness.profile import Profile, load_profile
+from harness.schema import read_jsonl, read_requests, requests_file
+from harness.stacks import Stack, StackName, StackSpec, stand_up
+from zerolayer.wire.contract import MAX_DEADLINE_MS
 
 EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
 SCALE = "smoke"
+# A KV cache small enough that the KV-pressure experiment fills it in seconds.
+ENGINE_OPTIONS = {"num_kv_blocks": 2048}
+# How many stand-up times a fault's recovery may take: recovering (Serve replacing an actor, a
+# replica restarting) is a part of standing up, so a machine slow to stand the stack up is given
+# as much longer to recover, and no request is cut off before the stack can answer it.
+RECOVERY_PER_STANDUP = 4.0
 
 
-def run_and_check(target_file: Path, out_dir: Path, stack: str, name: str) -> Recovery:
+def allowing(profile: Profile, standup_s: float) -> Profile:
+    """Profile D with its load deadline and recovery timeout grown to what this machine needs.
+
+    The waits themselves end when the stack is whole again (``wait_ready`` polls health); only
+    their caps derive from the measured stand-up.
+    """
+    sc = runner.chaos_settings(profile)
+    allowance_s = RECOVERY_PER_STANDUP * standup_s
+    chaos = dataclasses.replace(
+        sc,
+        deadline_ms=min(MAX_DEADLINE_MS, max(sc.deadline_ms, int(allowance_s * 1000))),
+        recover_timeout_s=max(sc.recover_timeout_s, allowance_s),
+    )
+    return dataclasses.replace(profile, chaos=chaos)
+
+
+@contextlib.contextmanager
+def stack_under_chaos(name: StackName, workdir: Path) -> Iterator[tuple[Stack, Path, Profile]]:
+    """Stand the stack up (timed), put the fault proxy in front; yield it, its target file and
+    the profile whose allowances follow from the stand-up time."""
+    start = time.monotonic()
+    with stand_up(StackSpec(name, "sim", ENGINE_OPTIONS, replicas=2), workdir) as stack:
+        profile = allowing(load_profile("d_fault", SCALE), time.monotonic() - start)
+        chaos_dir = workdir / "chaos"
+        chaos_dir.mkdir(parents=True, exist_ok=True)
+        with runner.fault_target(stack, chaos_dir) as target_file:
+            yield stack, target_file, profile
+
+
+def run_and_check(
+    target_file: Path, out_dir: Path, stack: Stack, profile: Profile, name: str
+) -> Recovery:
     """Run one experiment for real; check the journal, the rollbacks, liveness and no loss."""
     chaos_dir = out_dir / "chaos"
     chaos_dir.mkdir(parents=True, exist_ok=True)
     path = runner.EXPERIMENT_DIR / f"{name}.json"
-    row = runner.run_one(path, stack, SCALE, target_file, chaos_dir)
+    tokens = runner.kv_prompt_tokens(stack.spec, runner.chaos_settings(profile))
+    row = runner.run_one(path, stack.name, profile, target_file, chaos_dir, tokens)
+    runner.adopt_restarted(stack, target_file)
     conf = {"target_file": str(target_file)}
 
-    journal = json.loads((chaos_dir / f"{stack}-{name}.journal.json").read_text())
+    journal = json.loads((chaos_dir / f"{stack.name}-{name}.journal.json").read_text())
     before = journal["steady_states"]["before"]
     assert before is not None and len(before["probes"]) == 2, "hypothesis not evaluated"
     assert all("tolerance_met" in p for p in before["probes"])
@@ -30,15 +76,19 @@ def run_and_check(target_file: Path, out_dir: Path, stack: str, name: str) -> Re
     assert all(r["status"] == "succeeded" for r in journal["rollbacks"]), journal["rollbacks"]
     assert row.rollbacks_ok
     assert probes.all_alive(probes.replicas(conf)), probes.replicas(conf)
-    wait_ready(runner.SCALES[SCALE].recover_timeout_s, conf)
+    wait_ready(runner.chaos_settings(profile).recover_timeout_s, conf)
 
-    records = read_requests(chaos_dir / requests_file(stack, f"d_fault-{name}"))
+    records = read_requests(chaos_dir / requests_file(stack.name, f"d_fault-{name}"))
     assert records and row.requests == len(records)
     assert row.lost == 0, [r.request_id for r in records if r.outcome == "lost"]
     assert all(r.outcome in ("completed", "error") for r in records)
     assert all(r.error_code for r in records if r.outcome == "error")
     assert row.completed + row.failed == row.requests
+    assert row.engine_replicas == stack.spec.replicas
     assert journal["zl_load"]["lost"] == 0
+    telemetry = read_jsonl(chaos_dir / f"telemetry-{stack.name}-{name}.jsonl")
+    engines = {r["name"] for r in telemetry if r.get("source") == "engine" and r.get("up")}
+    assert len(engines) == stack.spec.replicas, f"engine telemetry of {engines} only"
     line = next(x for x in runner.table([row]).splitlines() if name in x)
     assert line.split()[5] == "0"  # the lost column
     return row

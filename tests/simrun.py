@@ -194,3 +194,25 @@ def make_run(
                 )
         (out / schema.SUMMARY).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return out
+
+
+def fail_everything(run_dir: Path, code: str = "engine_down") -> Path:
+    """Rewrite a run as an outage: every request ends in an error, summaries recomputed.
+
+    This is what a run against a stack that is down produces: records, and no completions.
+    """
+    for path in run_dir.glob("requests-*.jsonl"):
+        failed = []
+        for rec in schema.read_requests(path):
+            rec.outcome, rec.error_code, rec.http_status = "error", code, 503
+            rec.first_token_ns, rec.chunk_ns, rec.output_tokens = 0, [], 0
+            failed.append(rec.to_json())
+        path.write_bytes(b"".join(line + b"\n" for line in failed))
+    if (run_dir / schema.SUMMARY).exists():
+        rows = []
+        for row in schema.read_summary(run_dir):
+            recs = schema.read_requests(run_dir / schema.requests_file(row.stack, row.profile))
+            data = {"stack": row.stack, "profile": row.profile, "loader": row.loader}
+            rows.append(schema.SummaryRow.from_dict(data | metrics.summarize(recs)))
+        schema.write_summary(run_dir, rows)
+    return run_dir

@@ -14,6 +14,7 @@ import orjson
 import psutil
 import pytest
 
+from baselines.rayserve.cli import main
 from baselines.rayserve.standup import free_port
 
 START_TIMEOUT_S = 120.0
@@ -82,3 +83,27 @@ def test_cli_serves_then_stops_leaving_no_ray_process(
         for leftover in family:
             if leftover.is_running():
                 leftover.kill()
+
+
+MISTAKES = {
+    "old JSON spelling": (["--engine-options", "model_shape=x"], "unrecognized arguments"),
+    "unknown option": (["--engine-option", "model_shap=x"], "valid options: model_shape,"),
+    "option out of range": (["--engine-option", "max_num_seqs=0"], "max_num_seqs must be >= 1"),
+    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "takes no options"),
+    "port wraps": (["--port", "65536"], "port must be 0..65535"),
+    "no replicas": (["--replicas", "0"], "must be >= 1"),
+    "unknown router": (["--router", "random"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize(("argv", "says"), MISTAKES.values(), ids=list(MISTAKES))
+def test_argument_mistakes_are_one_line_and_exit_2_before_ray_starts(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own checks exit from parse_args
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("zl-baseline: error: ") and says in err, err

@@ -99,6 +99,14 @@ def test_config_sizes_serve_limits_from_the_engine() -> None:
         BaselineConfig(router="random")  # type: ignore[arg-type]
 
 
+def test_config_refuses_bad_engine_options_before_ray_starts() -> None:
+    with pytest.raises(ValueError, match="'max_num_seq'; valid options: model_shape"):
+        BaselineConfig(engine_options={"max_num_seq": 32})
+    with pytest.raises(ValueError, match="takes no options"):
+        BaselineConfig(engine="null", engine_options={"max_num_seqs": 32})
+    assert BaselineConfig(engine_options={"max-num-seqs": 8}).engine_options == {"max_num_seqs": 8}
+
+
 def test_metadata_records_latency_relevant_serve_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_SERVE_ZL_PROBE", "1")  # a name Serve never reads
     meta = BaselineConfig(health_check_period_s=1.0).metadata()

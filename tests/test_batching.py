@@ -19,7 +19,7 @@ from hypothesis.stateful import (
 )
 
 from zerolayer.engine.batching import ContinuousBatcher, Sequence
-from zerolayer.engine.kv import KVBlockManager
+from zerolayer.engine.kv import KVBlockManager, blocks_for
 from zerolayer.engine.tokens import detokenize
 from zerolayer.engine.types import EngineError, EngineRequest
 
@@ -119,7 +119,7 @@ class BatcherMachine(RuleBasedStateMachine):
             request = EngineRequest(rid, prompt, max_tokens, priority=priority)
             total = prompt + max_tokens
             fits = total <= batcher.max_model_len
-            fits = fits and batcher.kv.blocks_for(total) <= batcher.kv.num_blocks
+            fits = fits and blocks_for(total, batcher.kv.block_size) <= batcher.kv.num_blocks
             if not fits:
                 with pytest.raises(EngineError) as refused:
                     batcher.add(request)

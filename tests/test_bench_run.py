@@ -12,7 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import run as bench_run
 from harness import schema
+from harness.loaders import LoadResult
+from harness.metrics import summarize
+from harness.stacks import StackName, StackSpec
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 SMOKE_LIMIT_S = 600
@@ -55,6 +59,22 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     assert "Recovery (profile D" in html and "Seed-study claims" in html
     assert len(list((run / schema.PLOTS_DIR).glob("*.png"))) >= 6
     assert "capacity preflight" in proc.stdout and "offered load" in proc.stdout
+
+
+def test_a_crash_is_recorded_in_run_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(spec: StackSpec, workdir: Path) -> None:
+        raise RuntimeError(f"{spec.name} on fire")
+
+    monkeypatch.setattr(bench_run, "stand_up", broken)
+    config = bench_run.RunConfig(
+        scale="smoke", profiles=("a_latency",), stacks=(StackName.ZEROLAYER,), out=str(tmp_path)
+    )
+    with pytest.raises(RuntimeError, match="zerolayer on fire"):
+        bench_run.run(config)
+    meta = schema.read_run_meta(_run_dir(tmp_path))
+    assert meta.end is schema.RunEnd.ERROR and not meta.complete
+    assert meta.incomplete_reason == "stopped by an error: RuntimeError: zerolayer on fire"
+    assert "Incomplete run" in (_run_dir(tmp_path) / schema.REPORT).read_text()
 
 
 def test_sigint_mid_profile_leaves_a_renderable_incomplete_run(tmp_path: Path) -> None:
@@ -108,3 +128,24 @@ def test_sigint_mid_profile_leaves_a_renderable_incomplete_run(tmp_path: Path) -
     )
     assert rendered.returncode == 0, rendered.stderr[-3000:]
     assert "Incomplete run" in (run / schema.REPORT).read_text()
+
+
+def test_a_summary_row_carries_what_the_loader_knows(tmp_path: Path) -> None:
+    record = schema.RequestRecord("r0", "zerolayer", "a_latency", "k6", 0, 1, 2, 5, 9)
+    record.outcome = "completed"
+    summary = summarize([record])
+    result = LoadResult(
+        "k6",
+        "zerolayer",
+        "a_latency",
+        tmp_path / "r.jsonl",
+        [record],
+        summary,
+        extra={"per_replica": {"a": 1}},
+        protocol="h2",
+        ttft_is_first_byte=True,
+    )
+    flat = bench_run.summary_row(result).to_dict()
+    assert flat["loader"] == "k6" and flat["loader_protocol"] == "h2"
+    assert flat["ttft_is_first_byte"] is True and flat["loader_extra"] == {"per_replica": {"a": 1}}
+    assert flat["median_e2el_ms"] == summary["median_e2el_ms"] and "slos_ms" in flat

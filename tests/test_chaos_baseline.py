@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chaos_checks import EXPERIMENTS, SCALE, run_and_check
+from chaos_checks import EXPERIMENTS, run_and_check, stack_under_chaos
 
-from chaos import runner
-from chaos.stacks import baseline_stack
+from harness.profile import Profile
+from harness.stacks import Stack, StackName
 
-STACK = "baseline"
+Setup = tuple[Stack, Path, Profile]
 
 
 @pytest.fixture(scope="module")
@@ -21,18 +21,15 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def target_file(out_dir: Path) -> Iterator[Path]:
-    with baseline_stack(
-        out_dir / "stack", None, runner.REPLICAS, runner.ENGINE, runner.engine_options(SCALE)
-    ) as path:
-        yield path
+def setup(out_dir: Path) -> Iterator[Setup]:
+    with stack_under_chaos(StackName.BASELINE, out_dir / "stack") as running:
+        yield running
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_loses_nothing_and_rolls_back(
-    target_file: Path, out_dir: Path, name: str
-) -> None:
-    row = run_and_check(target_file, out_dir, STACK, name)
+def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, name: str) -> None:
+    stack, target_file, profile = setup
+    row = run_and_check(target_file, out_dir, stack, profile, name)
     if name == "kill-orchestrator":
         assert row.fault == "kill" and row.bad > 0, "losing the orchestrator went unnoticed"
         assert row.blast_radius_replicas == 1.0

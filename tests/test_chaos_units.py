@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import socket
@@ -16,9 +17,14 @@ import psutil
 import pytest
 
 from chaos import actions, netproxy, probes, recovery
-from chaos.controls import StoppableSchedule
+from chaos.controls import StoppableSchedule, engine_source
+from chaos.runner import add_arguments, chaos_settings, fault_target, kv_prompt_tokens, run_command
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
+from harness.capacity import kv_tokens
+from harness.errors import UsageError
+from harness.profile import load_profile
 from harness.schema import RequestRecord
+from harness.stacks import StackName, StackSpec, stand_up
 
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS
@@ -281,3 +287,75 @@ def test_sdk_reroute_is_the_first_down_mark_after_the_fault() -> None:
     ]
     assert recovery.sdk_reroute_s(health, ["r1"], T0 + NS) == pytest.approx(1.0)
     assert recovery.sdk_reroute_s(health, ["r2"], T0) is None
+
+
+def test_kv_pressure_is_sized_from_the_engine_kv_cache_alike_on_both_stacks() -> None:
+    sc = chaos_settings(load_profile("d_fault", "smoke"))
+    for options in ({"num_kv_blocks": 2048}, {}):
+        zl, bl = (StackSpec(name, "sim", options, 3) for name in StackName)
+        prompt = kv_prompt_tokens(zl, sc)
+        assert prompt == kv_prompt_tokens(bl, sc), "both stacks get the same pressure"
+        kv = kv_tokens("sim", options)
+        assert kv is not None
+        asked = sc.kv_requests * (prompt + sc.kv_max_tokens)
+        if prompt + sc.kv_max_tokens < 131_072:  # not capped by the context length
+            assert kv * sc.kv_fill <= asked < kv * sc.kv_fill + sc.kv_requests
+    capped = StackSpec(StackName.ZEROLAYER, "sim", {"max_model_len": 4096}, 2)
+    assert kv_prompt_tokens(capped, sc) == 4096 - sc.kv_max_tokens
+    unknown = StackSpec(StackName.ZEROLAYER, "torch", {}, 2)
+    assert kv_prompt_tokens(unknown, sc) == sc.kv_prompt_tokens
+
+
+def test_chaos_refuses_an_external_stack_and_a_profile_without_chaos(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no \\[chaos\\] settings"):
+        chaos_settings(load_profile("a_latency", "smoke"))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        stack = stand_up(StackSpec(StackName.ZEROLAYER, urls=(url,)), tmp_path)
+        with pytest.raises(ValueError, match="external"), fault_target(stack, tmp_path):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engine-option", "num_kv_blockz=4"], "num_kv_blockz"),
+        (["--replicas", "0"], "--replicas"),
+    ],
+)
+def test_chaos_command_mistakes_are_usage_errors(argv: list[str], message: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(UsageError, match=message):
+        run_command(parser.parse_args(argv))
+
+
+def test_chaos_telemetry_reads_the_stack_engines(tmp_path: Path) -> None:
+    stats = tmp_path / "engine-stats-0.jsonl"
+    stats.write_text(
+        '{"t_ns": 1, "running": 1, "waiting": 0, "kv_blocks_used": 8, "kv_blocks_total": 16,'
+        ' "live_tokens": 100, "preemptions": 0, "busy_time_s": 0.1, "allocator": {}}\n'
+    )
+    target = Target(
+        stack="baseline",
+        load_urls=["http://127.0.0.1:1"],
+        protocol="http1",
+        engine_stats_files=[str(stats)],
+    )
+    rows = engine_source(target).read()
+    assert [(r["name"], r["up"], r["kv_blocks_total"]) for r in rows] == [("serve-0", 1, 16)]
+    zl = Target(stack="zerolayer", load_urls=[], protocol="h2",
+                engine_metrics=["http://127.0.0.1:1/metrics"])  # fmt: skip
+    assert [(r["name"], r["up"]) for r in engine_source(zl).read()] == [("zl-0", 0)]
+
+
+def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
+    from chaos_checks import RECOVERY_PER_STANDUP, allowing
+
+    profile = load_profile("d_fault", "smoke")
+    sc = chaos_settings(profile)
+    assert allowing(profile, 0.1).chaos == sc, "a quick machine keeps the profile's figures"
+    slow = chaos_settings(allowing(profile, 30.0))
+    assert slow.deadline_ms == int(RECOVERY_PER_STANDUP * 30.0 * 1000)
+    assert slow.recover_timeout_s == RECOVERY_PER_STANDUP * 30.0
+    assert chaos_settings(allowing(profile, 1e6)).deadline_ms == 3_600_000  # the contract's cap

@@ -6,15 +6,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chaos_checks import EXPERIMENTS, SCALE, run_and_check
+from chaos_checks import EXPERIMENTS, run_and_check, stack_under_chaos
 
-from chaos import runner
 from chaos.actions import alive
-from chaos.stacks import zerolayer_stack
 from chaos.targets import read_target
+from harness.profile import Profile
 from harness.schema import read_jsonl, read_requests, requests_file
+from harness.stacks import Stack, StackName
 
 STACK = "zerolayer"
+Setup = tuple[Stack, Path, Profile]
 
 
 @pytest.fixture(scope="module")
@@ -23,20 +24,18 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def target_file(out_dir: Path) -> Iterator[Path]:
-    with zerolayer_stack(
-        out_dir / "stack", runner.REPLICAS, runner.ENGINE, runner.engine_options(SCALE)
-    ) as path:
-        yield path
-    assert not any(alive(s.pid) for s in read_target(path).replicas)
+def setup(out_dir: Path) -> Iterator[Setup]:
+    with stack_under_chaos(StackName.ZEROLAYER, out_dir / "stack") as running:
+        yield running
+        target_file = running[1]
+    assert not any(alive(s.pid) for s in read_target(target_file).replicas)
 
 
 @pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e != "pause-engine-replica"])
-def test_experiment_loses_nothing_and_rolls_back(
-    target_file: Path, out_dir: Path, name: str
-) -> None:
+def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, name: str) -> None:
+    stack, target_file, profile = setup
     before = read_target(target_file)
-    row = run_and_check(target_file, out_dir, STACK, name)
+    row = run_and_check(target_file, out_dir, stack, profile, name)
     after = read_target(target_file)
     if name == "kill-orchestrator":
         assert row.fault == "absent" and "no orchestrator" in row.note
@@ -46,12 +45,14 @@ def test_experiment_loses_nothing_and_rolls_back(
         pairs = zip(before.replicas, after.replicas, strict=True)
         changed = [(b.pid, a.pid) for b, a in pairs if b.pid != a.pid]
         assert len(changed) == 1, "the rollback restarts exactly the killed replica"
+        assert changed[0][1] in stack.pids()["replica"], "the stack adopts the restarted replica"
         assert row.sdk_reroute_s is not None
 
 
-def test_sdk_routes_around_a_paused_replica(target_file: Path, out_dir: Path) -> None:
+def test_sdk_routes_around_a_paused_replica(setup: Setup, out_dir: Path) -> None:
     """After the SDK marks the paused replica down, no new request goes to it until it is up."""
-    row = run_and_check(target_file, out_dir, STACK, "pause-engine-replica")
+    stack, target_file, profile = setup
+    row = run_and_check(target_file, out_dir, stack, profile, "pause-engine-replica")
     assert row.sdk_reroute_s is not None, "the SDK never marked the paused replica down"
     chaos_dir = out_dir / "chaos"
     health = read_jsonl(chaos_dir / f"sdk-health-{STACK}-pause-engine-replica.jsonl")

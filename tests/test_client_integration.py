@@ -19,7 +19,7 @@ import psutil
 import pytest
 import uvloop
 
-from harness.loaders.tls import self_signed
+from harness.certs import self_signed
 from harness.stacks import ReplicaProcess
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
@@ -47,7 +47,7 @@ def spawn() -> Iterator[Spawn]:
 
     yield start
     for proc in started:
-        if proc.proc.poll() is None:
+        if proc.alive():
             os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
 
@@ -183,7 +183,7 @@ def test_no_retry_after_the_first_token(spawn: Spawn) -> None:
                     got = 0
                     async for chunk in s:
                         got += chunk.tokens
-                        if got >= 3 and victim.proc.poll() is None:
+                        if got >= 3 and victim.alive():
                             victim.kill()
             err = caught.value
             assert err.code == CONNECTION_LOST and not err.retryable
@@ -194,7 +194,7 @@ def test_no_retry_after_the_first_token(spawn: Spawn) -> None:
 
 
 def test_refusal_is_retried_on_the_next_replica(spawn: Spawn) -> None:
-    tiny = spawn("sim", "--num-kv-blocks", "10")
+    tiny = spawn("sim", "--engine-option", "num_kv_blocks=10")
     roomy = spawn("sim")
     prompt = "z" * 256
     max_tokens = 144 - count_prompt_tokens(prompt)

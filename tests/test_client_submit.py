@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from test_client_integration import Spawn, expected_text, run, session_owned_by
 
-from bench.overhead import ReplicaProcess
+from harness.stacks import ReplicaProcess
 from zerolayer.client import Timing, ZeroLayerClient
 from zerolayer.client.timing import CLIENT_TIMEOUT
 
@@ -25,13 +25,13 @@ def spawn() -> Iterator[Spawn]:
     started: list[ReplicaProcess] = []
 
     def start(engine: str = "sim", *args: str) -> ReplicaProcess:
-        proc = ReplicaProcess(engine, *args)
+        proc = ReplicaProcess(engine, extra_args=args)
         started.append(proc)
         return proc
 
     yield start
     for proc in started:
-        if proc.proc.poll() is None:
+        if proc.alive():
             os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
 

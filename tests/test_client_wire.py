@@ -155,3 +155,23 @@ def test_conflicting_or_reserved_caller_headers_raise() -> None:
     same = prepare(**base, headers={"zl-session": "s", "x-trace": "abc"})
     assert (b"x-trace", b"abc") in same.headers
     assert sum(1 for k, _ in same.headers if k == b"zl-session") == 1
+
+
+class _Carrier:
+    """Records what a response asked its connection to stop."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[int] = []
+
+    def cancel(self, stream_id: int) -> None:
+        self.cancelled.append(stream_id)
+
+
+def test_cancel_reaches_the_carrying_stream_once_and_only_once_sent() -> None:
+    resp = Response(Timing(), chat=False)
+    resp.cancel()  # not sent yet: nothing to stop
+    carrier = _Carrier()
+    resp.attach(carrier, 7)
+    resp.cancel()
+    resp.cancel()
+    assert carrier.cancelled == [7]

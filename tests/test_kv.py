@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from zerolayer.engine.kv import KVBlockManager
+from zerolayer.engine.kv import KVBlockManager, blocks_for
 
 SEQ_IDS = st.sampled_from([f"s{i}" for i in range(6)])
 
@@ -33,7 +33,7 @@ class KVMachine(RuleBasedStateMachine):
 
     @rule(seq=SEQ_IDS)
     def free(self, seq: str) -> None:
-        held = self.kv.blocks_for(self.model.get(seq, 0)) if seq in self.model else 0
+        held = blocks_for(self.model.get(seq, 0), self.kv.block_size) if seq in self.model else 0
         assert self.kv.free(seq) == held
         self.model.pop(seq, None)
         assert self.kv.free(seq) == 0
@@ -51,7 +51,7 @@ class KVMachine(RuleBasedStateMachine):
     @invariant()
     def no_leak(self) -> None:
         self.kv.check()
-        held = sum(self.kv.blocks_for(t) for t in self.model.values())
+        held = sum(blocks_for(t, self.kv.block_size) for t in self.model.values())
         assert self.kv.used_blocks == held
         assert self.kv.live_tokens == sum(self.model.values())
 

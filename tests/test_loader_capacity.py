@@ -1,18 +1,28 @@
-"""The loader-capacity tool runs end to end (figures themselves are measured, not asserted)."""
+"""The loader-capacity command runs end to end (figures themselves are measured, not asserted)."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 from pathlib import Path
 
-from bench.loader_capacity import main
+import pytest
+
+from bench.loader_capacity import add_arguments, run_command
+from harness.errors import UsageError
 
 
-def test_capacity_tool_writes_a_row_per_run(tmp_path: Path) -> None:
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="zl-bench capacity")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_capacity_writes_a_row_per_run(tmp_path: Path) -> None:
     out = tmp_path / "capacity.json"
-    assert main(["--loaders", "native,k6-http1", "--rates", "40", "--seconds", "1",
-                 "--repeats", "2", "--out", str(out)]) == 0  # fmt: skip
+    argv = ["--loaders", "native,k6-http1", "--rates", "40", "--seconds", "1", "--repeats", "2",
+            "--out", str(out)]  # fmt: skip
+    assert run_command(_args(argv)) == 0
     rows = json.loads(out.read_text())
     assert [(r["loader"], r["repeat"]) for r in rows] == [
         ("native", 0), ("native", 1), ("k6-http1", 0), ("k6-http1", 1)
@@ -26,6 +36,23 @@ def test_capacity_tool_writes_a_row_per_run(tmp_path: Path) -> None:
         # CPU per request: the replica's always, the loader's own only where it is measured.
         assert row["replica_cpu_us"] > 0
         if row["loader"] == "native":
-            assert row["loader_cpu_us"] > 0
-        else:
-            assert math.isnan(row["loader_cpu_us"])
+            assert row["loader_cpu_us"] > 0 and row["protocol"] == "h2"
+        else:  # k6-http1: k6 against a plaintext replica speaks HTTP/1.1
+            assert row["loader_cpu_us"] is None and row["protocol"] == "http/1.1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--loaders", "wrk"], "--loaders"),
+        (["--loaders", ""], "--loaders"),
+        (["--rates", "fast"], "--rates"),
+        (["--rates", "100,-5"], "--rates"),
+        (["--seconds", "0"], "--seconds"),
+        (["--repeats", "0"], "--repeats"),
+        (["--max-tokens", "-1"], "--max-tokens"),
+    ],
+)
+def test_mistakes_are_usage_errors_naming_the_flag(argv: list[str], names: str) -> None:
+    with pytest.raises(UsageError, match=names):
+        run_command(_args(argv))

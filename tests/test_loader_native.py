@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import os
+import signal
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -14,13 +17,22 @@ import pytest
 import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loader_checks import assert_spread, served
 
-from harness.loaders.base import LoadResult, RequestFailed
-from harness.loaders.native import NOT_SENT, engine_sender, run_native, run_schedule
+from harness.loaders.base import LoadResult, RequestFailed, replica_routes
+from harness.loaders.native import (
+    NOT_SENT,
+    NativeLoader,
+    Sender,
+    client_sender,
+    engine_sender,
+    run_schedule,
+)
 from harness.profile import Profile, load_profile
 from harness.schema import OUTCOMES, RequestRecord, read_requests
-from harness.stacks import ReplicaProcess
+from harness.stacks import StackName, StackSpec, client_for, stand_up
 from harness.workload import PlannedRequest, build_schedule
+from zerolayer.client import ZeroLayerClient
 from zerolayer.engine import NullEngine, SimEngine
 
 T = TypeVar("T")
@@ -180,6 +192,33 @@ def test_progress_lines_on_long_runs(tmp_path: Path) -> None:
     assert len(lines) >= 3 and all("ended" in line for line in lines)
 
 
+def test_a_sender_with_submit_is_used_without_a_task_per_request(tmp_path: Path) -> None:
+    """``submit`` (the callback API) is preferred; with ``max_in_flight`` only ``send`` is used."""
+    sched = build_schedule(_profile(rate=200.0, duration_s=0.05))
+    used: Counter[str] = Counter()
+
+    async def send(req: PlannedRequest, rec: RequestRecord) -> None:
+        used["send"] += 1
+        rec.sent_ns, rec.outcome = rec.dispatch_ns, "completed"
+
+    def submit(
+        req: PlannedRequest, rec: RequestRecord, done: Callable[[RequestRecord], None]
+    ) -> None:
+        used["submit"] += 1
+        rec.sent_ns, rec.outcome = rec.dispatch_ns, "completed"
+        asyncio.get_running_loop().call_soon(done, rec)
+
+    for in_flight in (None, 2):
+        result = _run(
+            run_schedule(
+                sched, Sender(send, submit), stack="t", profile="a",
+                records_path=tmp_path / f"r{in_flight}.jsonl", max_in_flight=in_flight,
+            )
+        )  # fmt: skip
+        assert result.summary["completed"] == len(sched) == 10
+    assert used == {"submit": 10, "send": 10}
+
+
 def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -> None:
     """A real replica stalls once for 1 s (SIGSTOP/SIGCONT) during a 10 s, 100 req/s run.
 
@@ -190,29 +229,27 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
     sched = build_schedule(_profile(rate=100.0, duration_s=10.0, max_tokens=4))
     assert len(sched) == 1000
 
-    async def go(url: str, pause: Callable[[], None], resume: Callable[[], None]) -> LoadResult:
+    async def go(client: ZeroLayerClient, pid: int) -> LoadResult:
         async def stall() -> None:
             await asyncio.sleep(4.0)
-            pause()
+            os.kill(pid, signal.SIGSTOP)
             await asyncio.sleep(1.0)
-            resume()
+            os.kill(pid, signal.SIGCONT)
 
         staller = asyncio.create_task(stall())
-        result = await run_native(
-            sched,
-            urls=[url],
-            stack="zerolayer",
-            profile="a",
-            records_path=tmp_path / "r.jsonl",
-            client_options={"health_interval_s": 0},
-            progress=None,
-            max_in_flight=1,
-        )
+        async with client:
+            result = await run_schedule(
+                sched, client_sender(client), stack="zerolayer", profile="a",
+                records_path=tmp_path / "r.jsonl", max_in_flight=1,
+            )  # fmt: skip
         await staller
         return result
 
-    with ReplicaProcess("null") as replica:
-        result = _run(go(replica.url, replica.pause, replica.resume))
+    spec = StackSpec(StackName.ZEROLAYER, engine="null", replicas=1)
+    with stand_up(spec, tmp_path / "stack") as stack:
+        client = stack.open_client(health_interval_s=0)
+        assert isinstance(client, ZeroLayerClient)
+        result = _run(go(client, stack.pids()["replica"][0]))
     s = result.summary
     keys = ("p99.9_e2el_intended_ms", "p99.9_e2el_ms", "p99_client_queue_ms", "p99_lag_ms")
     print("coordinated omission:", {k: round(s[k], 1) for k in keys})
@@ -222,18 +259,40 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
     assert s["p99_client_queue_ms"] > 100.0  # the held-back requests waited in the client
 
 
-@pytest.mark.parametrize("protocol", ["h2", "http1"])
-def test_native_over_the_network(tmp_path: Path, protocol: str) -> None:
-    """HTTP/2 through the SDK (zero-layer) and HTTP/1.1 keep-alive (the baseline's front door)."""
+def test_native_loader_routes_over_every_replica(tmp_path: Path) -> None:
+    """HTTP/2 through the SDK from ``Stack.open_client``: every replica gets its ring share."""
+    profile = _profile(rate=100.0, duration_s=2.0, max_tokens=5)
+    sched = build_schedule(profile)
+    spec = StackSpec(StackName.ZEROLAYER, engine="sim", replicas=2)
+    loader = NativeLoader(progress=None, client_options={"health_interval_s": 0})
+    with stand_up(spec, tmp_path / "stack") as stack:
+        result = loader.run(sched, stack, profile, tmp_path / "r.jsonl", tmp_path)
+        counts = served(stack)
+        planned = Counter(replica_routes(sched, stack))
+    assert result.summary["completed"] == len(sched) == 200
+    assert result.protocol == "h2" and not result.ttft_is_first_byte
+    assert result.extra["arrival"] == "constant" and result.extra["scheduled"] == 200
+    assert counts == planned == result.extra["per_replica"]
+    assert_spread(counts, replicas=2)
+    for rec in result.records:
+        assert rec.output_tokens == 5 and rec.chunk_ns and rec.http_status == 200
+        assert rec.intended_start_ns <= rec.dispatch_ns <= rec.sent_ns < rec.first_token_ns
+
+
+def test_native_over_http1(tmp_path: Path) -> None:
+    """The HTTP/1.1 keep-alive client (the baseline's front door) against a replica."""
     sched = build_schedule(_profile(rate=50.0, duration_s=0.6, max_tokens=5))
-    with ReplicaProcess("sim") as replica:
-        result = _run(
-            run_native(
-                sched, urls=[replica.url], protocol=protocol, stack="zerolayer", profile="a",
-                records_path=tmp_path / "r.jsonl", progress=None,
-                client_options={"health_interval_s": 0} if protocol == "h2" else {},
-            )
-        )  # fmt: skip
+    spec = StackSpec(StackName.ZEROLAYER, engine="sim", replicas=1)
+
+    async def go(url: str) -> LoadResult:
+        async with client_for("http1", [url]) as client:
+            return await run_schedule(
+                sched, client_sender(client), stack="zerolayer", profile="a",
+                records_path=tmp_path / "r.jsonl",
+            )  # fmt: skip
+
+    with stand_up(spec, tmp_path / "stack") as stack:
+        result = _run(go(stack.urls[0]))
     assert result.summary["completed"] == len(sched) == 30
     for rec in result.records:
         assert rec.output_tokens == 5 and rec.chunk_ns and rec.http_status == 200

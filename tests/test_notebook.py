@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from simrun import Spec, make_run
+from simrun import Spec, fail_everything, make_run
 
 from bench.report.plots import PLOTS
 
@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "reproduce.ipynb"
 
 
-def test_notebook_redraws_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("outage", [False, True], ids=["served", "nothing-completed"])
+def test_notebook_redraws_every_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outage: bool
+) -> None:
     run_dir = make_run(tmp_path / "run", profiles={"a_latency": Spec(count=12, rate=40.0)})
+    if outage:
+        fail_everything(run_dir)
     monkeypatch.setenv("ZL_RESULTS", str(run_dir))
     monkeypatch.setenv("ZL_NOTEBOOK_OUT", str(tmp_path / "redrawn"))
     nb = nbformat.read(NOTEBOOK, as_version=4)

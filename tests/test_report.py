@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from simrun import make_run
+from simrun import fail_everything, make_run
 
 from bench.cli import main as cli_main
 from bench.report import claims, html, load_run, plots
@@ -34,7 +34,8 @@ def test_report_embeds_every_plot_and_a_row_per_stack_and_profile(run_dir: Path)
         for profile in ("a_latency", "d_fault"):
             assert f"<td class='l'>{stack}</td><td class='l'>{profile}</td>" in page
             entry = run.summary(stack, profile)
-            assert entry is not None and f"{entry['median_e2el_ms']:.2f}" in page
+            median = entry.stat("median_e2el_ms") if entry is not None else None
+            assert median is not None and f"{median:.2f}" in page
 
 
 def test_latency_cdf_is_the_metrics_distribution(run_dir: Path) -> None:
@@ -96,7 +97,7 @@ def test_where_time_goes_uses_engine_accounting_then_falls_back(
     entry = run.summary("zerolayer", "a_latency")
     assert entry is not None
     total = parts["TTFT (layer + engine prefill)"] + parts["generation after first token"]
-    assert total == pytest.approx(entry["mean_e2el_ms"])
+    assert total == pytest.approx(entry.stat("mean_e2el_ms"))
     assert "TTFT decomposition" in plots.where_time_goes(run).texts[0].get_text()
 
 
@@ -107,11 +108,12 @@ def test_claims_state_measured_figures_or_not_measured(run_dir: Path) -> None:
     zl, base = run.summary("zerolayer", "a_latency"), run.summary("baseline", "a_latency")
     assert zl is not None and base is not None
     overhead = results["layer_overhead"]
-    assert f"{base['median_e2el_ms'] - zl['median_e2el_ms']:+.1f} ms" in overhead.measured
+    delta = (base.stat("median_e2el_ms") or 0.0) - (zl.stat("median_e2el_ms") or 0.0)
+    assert f"{delta:+.1f} ms" in overhead.measured
     assert overhead.status == claims.NOT_HELD, "a sim run has no 80 ms layer"
     fault = results["fault_errors"]
     zl_d = run.summary("zerolayer", "d_fault")
-    assert zl_d is not None and f"failed+lost {zl_d['errors'] + zl_d['lost']} of" in fault.measured
+    assert zl_d is not None and f"failed+lost {zl_d.failed} of" in fault.measured
     assert results["refusal_speed"].status == claims.NOT_MEASURED, "no chaos table in this run"
     assert results["layer_cpu"].status == claims.NOT_MEASURED, "no baseline processes watched"
     assert results["fragmentation"].status in (claims.HELD, claims.NOT_HELD)
@@ -126,6 +128,50 @@ def test_an_interrupted_run_renders_marked_incomplete(tmp_path: Path) -> None:
     page = out.read_text()
     assert "Incomplete run" in page and "interrupted" in page
     run = load_run(run_dir)
-    assert all(entry.get("recomputed") for entry in run.summaries)
+    assert all(entry.recomputed for entry in run.summaries)
     assert len(run.records[("baseline", "d_fault")]) == 24, "the torn line is skipped"
     assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+
+
+def test_a_profile_with_zero_completions_renders_and_says_so(run_dir: Path, tmp_path: Path) -> None:
+    down = fail_everything(shutil.copytree(run_dir, tmp_path / "down"))
+    assert cli_main(["report", str(down)]) == 0
+    page = (down / schema.REPORT).read_text()
+    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+    assert "<i>no completions</i>" in page
+    row = load_run(down).summary("zerolayer", "a_latency")
+    assert row is not None and row.completed == 0 and row.stat("median_e2el_ms") is None
+
+
+def test_report_on_what_is_not_a_run_is_one_error_line(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parent = tmp_path / "results"
+    shutil.copytree(run_dir, parent / run_dir.name)
+    (tmp_path / "empty").mkdir()
+    for path, says in (
+        (tmp_path / "missing", "no results directory"),
+        (tmp_path / "empty", "is not a run directory"),
+        (parent, f"it holds the runs {run_dir.name}"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(["report", str(path)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("zl-bench: error: ") and err.count("\n") == 1 and says in err
+    assert (
+        not (parent / schema.REPORT).exists() and not (tmp_path / "empty" / schema.REPORT).exists()
+    )
+
+
+def test_a_damaged_line_mid_file_is_an_error_naming_file_and_line(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    damaged = shutil.copytree(run_dir, tmp_path / "damaged")
+    path = damaged / schema.requests_file("zerolayer", "a_latency")
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join([lines[0], b"{not json", *lines[1:]]) + b"\n")
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["report", str(damaged)])
+    assert exc.value.code == 2
+    assert f"{path}: line 2 is not JSON" in capsys.readouterr().err

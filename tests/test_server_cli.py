@@ -1,17 +1,20 @@
-"""``zl-replica`` as a process: the ready line, SIGTERM drain, accounting flushed at exit."""
+"""``zl-replica`` as a process: the ready line, SIGTERM drain, accounting flushed at exit; and
+every argument mistake as one ``zl-replica: error:`` line with exit status 2."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from server_client import H2Client, run, wait_all
 
 from zerolayer.accounting import read_jsonl
-from zerolayer.server.cli import engine_options, parser
+from zerolayer.server.cli import check, main, parser
 
 
 async def spawn(*args: str) -> tuple[asyncio.subprocess.Process, int]:
@@ -26,25 +29,85 @@ async def spawn(*args: str) -> tuple[asyncio.subprocess.Process, int]:
     return proc, int(line.rsplit(b":", 1)[1])
 
 
-def test_engine_options_from_flags() -> None:
+def test_engine_options_have_one_spelling() -> None:
     args = parser().parse_args(
-        ["--engine", "sim", "--model-shape", "llama-3.2-1b", "--num-kv-blocks", "64",
-         "--max-num-seqs", "4", "--option", "block_size=32"]
+        ["--engine", "sim", "--engine-option", "model_shape=llama-3.2-1b",
+         "--engine-option", "num-kv-blocks=64", "--engine-option", "max_num_seqs=4",
+         "--engine-option", "gpu_memory_utilization=1"]
     )  # fmt: skip
-    assert engine_options(args) == {
+    check(args)
+    assert args.engine_options == {
         "model_shape": "llama-3.2-1b",
         "num_kv_blocks": 64,
         "max_num_seqs": 4,
-        "block_size": 32,
+        "gpu_memory_utilization": 1.0,
     }
-    assert engine_options(parser().parse_args(["--engine", "null"])) == {}
+    args = parser().parse_args(["--engine", "null"])
+    check(args)
+    assert args.engine_options == {}
+
+
+MISTAKES = {
+    "port wraps": (["--port", "70000"], "port must be 0..65535"),
+    "negative port": (["--port", "-1"], "port must be 0..65535"),
+    "port not a number": (["--port", "http"], "expected a port number"),
+    "unknown option": (["--engine-option", "foo=1"], "valid options: model_shape,"),
+    "option without value": (["--engine-option", "num_kv_blocks"], "expected KEY=VALUE"),
+    "option of the wrong type": (["--engine-option", "max_num_seqs=many"], "max_num_seqs takes"),
+    "option out of range": (["--engine-option", "num_kv_blocks=0"], "num_kv_blocks must be >= 1"),
+    "old --option spelling": (["--option", "block_size=32"], "unrecognized arguments"),
+    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "takes no options"),
+    "unknown engine": (["--engine", "tpu"], "invalid choice"),
+    "missing cert": (["--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"], "no such file"),
+    "cert without key": (["--tls-cert", __file__], "--tls-cert and --tls-key go together"),
+    "cert not PEM": (["--tls-cert", __file__, "--tls-key", __file__], "cannot load --tls-cert"),
+    "accounting folder": (["--accounting", "/no/such/dir/a.jsonl"], "no such directory"),
+    "bad body limit": (["--max-body-bytes", "0"], "must be >= 1"),
+    "bad log level": (["--log-level", "loud"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize(("argv", "says"), MISTAKES.values(), ids=list(MISTAKES))
+def test_argument_mistakes_are_one_line_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own checks exit from parse_args
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("zl-replica: error: ") and says in err, err
+
+
+def test_a_bad_model_shape_fails_at_engine_start_with_one_line() -> None:
+    """Checked by the engine itself (the shape list comes from its profile), in the process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "zerolayer.server", "--port", "0",
+         "--engine-option", "model_shape=llama-9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("zl-replica: error: unknown model shape 'llama-9'")
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_address_it_cannot_listen_on_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "zerolayer.server", "--host", "256.0.0.1", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("zl-replica: error: cannot listen on 256.0.0.1:0: ")
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 @run
 async def test_sigterm_drains_then_exits(tmp_path: Path) -> None:
     accounting = tmp_path / "usage.jsonl"
     proc, port = await spawn(
-        "--engine", "sim", "--model-shape", "llama-3.2-1b", "--accounting", str(accounting),
+        "--engine", "sim", "--engine-option", "model_shape=llama-3.2-1b",
+        "--accounting", str(accounting),
         "--name", "cli-replica",
     )  # fmt: skip
     try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import ssl
 from pathlib import Path
 
 import orjson
 import pytest
 from server_client import H2Client, run, wait_all
 
-from harness.loaders.tls import client_context, self_signed
+from harness.certs import self_signed
 from zerolayer.engine import NullEngine, SimConfig, SimEngine
 from zerolayer.engine.tokens import detokenize, token_ids
 from zerolayer.server import start_replica
@@ -124,9 +125,9 @@ def test_tls_with_alpn(tmp_path: Path) -> None:
         engine = SimEngine(SimConfig(**SMALL))
         async with await start_replica(engine, tls_cert=cert, tls_key=key) as replica:
             assert replica.url.startswith("https://")
-            client = await H2Client.connect(
-                "127.0.0.1", replica.port, tls=client_context(cert, ("h2",))
-            )
+            trust = ssl.create_default_context(cafile=str(cert))
+            trust.set_alpn_protocols(["h2"])
+            client = await H2Client.connect("127.0.0.1", replica.port, tls=trust)
             assert client.alpn == "h2"
             streams = [client.completion(f"tls {i}", max_tokens=3, stream=True) for i in range(20)]
             await wait_all(streams, 10)

@@ -190,5 +190,5 @@ def test_make_engine_rejects_unknown_names_and_options() -> None:
         make_engine("gpu9000")
     with pytest.raises(ValueError, match="no options"):
         make_engine("null", max_num_seqs=3)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="'not_a_field'; valid options: model_shape"):
         make_engine("sim", not_a_field=1)

@@ -245,7 +245,8 @@ def test_replica_streams_the_torch_engines_tokens_over_h2c() -> None:
     from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
     prompt = "tell me about paging"
-    options = ["--model-shape", "tiny", "--option", "device=cpu", "--option", "kv_layout=paged"]
+    options = ["--engine-option", "model_shape=tiny", "--engine-option", "device=cpu",
+               "--engine-option", "kv_layout=paged"]  # fmt: skip
     replica = ReplicaProcess("torch", extra_args=options)
     try:
 

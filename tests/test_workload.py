@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.capacity import predict, preflight
 from harness.profile import PROFILES, SCALES, load_profile, resolve_name
 from harness.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
 from zerolayer.wire.tokens import count_prompt_tokens
@@ -93,21 +91,31 @@ def test_prompts_have_exact_bytes_and_tokens() -> None:
     assert count_prompt_tokens(str(body["prompt"])) == sched[0].prompt_tokens
 
 
-def test_capacity_preflight_scales_and_warns() -> None:
-    a = load_profile("a", "laptop")
-    one = predict(a, replicas=1)
-    two = predict(a, replicas=2)
-    assert one.requests_per_s > a.rate  # the laptop scale is not an overload
-    assert two.requests_per_s == pytest.approx(2 * one.requests_per_s)
-    assert one.multiple == pytest.approx(a.rate / one.requests_per_s)
-    assert one.output_tokens_per_s == pytest.approx(one.requests_per_s * 128)
-    # Longer prompts and outputs cost more per request.
-    assert predict(load_profile("b", "laptop")).requests_per_s < one.requests_per_s
-    out = io.StringIO()
-    cap = preflight(load_profile("a", "seed"), stream=out)
-    text = out.getvalue()
-    assert cap.overloaded and "WARNING" in text and f"{cap.multiple:.2f}x" in text
-    quiet = io.StringIO()
-    preflight(a, stream=quiet)
-    assert "WARNING" not in quiet.getvalue() and "0." in quiet.getvalue()
-    assert predict(a, engine="null").multiple == 0.0
+def test_chaos_settings_live_in_profile_d_per_scale() -> None:
+    smoke, laptop = (load_profile("d", s).chaos for s in ("smoke", "laptop"))
+    assert smoke is not None and laptop is not None
+    assert smoke.recover_timeout_s < laptop.recover_timeout_s and smoke.kv_fill == laptop.kv_fill
+    assert all(load_profile("d", s).chaos is not None for s in SCALES)
+    assert load_profile("a", "smoke").chaos is None
+
+
+def test_bad_chaos_settings_are_refused(tmp_path: Path) -> None:
+    base = (Path(__file__).parents[1] / "harness/profiles/d_fault.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base.replace("kv_fill = 1.25", "kv_fil = 1.25"))
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_profile(bad, "smoke")
+    bad.write_text(base.replace("sli_target = 0.9\n", "sli_target = 1.5\n"))
+    with pytest.raises(ValueError, match="sli_target"):
+        load_profile(bad, "smoke")
+    bad.write_text(base.replace("kv_requests = 24\n", ""))
+    with pytest.raises(ValueError, match="missing keys"):
+        load_profile(bad, "smoke")
+
+
+def test_a_schedule_slices_like_a_sequence() -> None:
+    schedule = build_schedule(load_profile("a_latency", "smoke"))
+    assert [r.request_id for r in schedule[1:4]] == [schedule[i].request_id for i in (1, 2, 3)]
+    assert schedule[-1] == schedule[len(schedule) - 1]
+    with pytest.raises(IndexError):
+        schedule[len(schedule)]

@@ -24,8 +24,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
+from zerolayer.engine.kv import blocks_for
 from zerolayer.engine.types import EngineStats
 from zerolayer.wire.contract import (
     DEADLINE_EXCEEDED,
@@ -38,6 +39,8 @@ from zerolayer.wire.contract import (
     ErrorCode,
     RequestMeta,
 )
+
+T = TypeVar("T")
 
 NUM_CLASSES: Final = 3
 CLASSES: Final = (PRIORITY_HIGH, PRIORITY_NORMAL, PRIORITY_LOW)
@@ -113,10 +116,6 @@ class Decision:
 
 
 ADMIT: Final = Decision()
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 def estimated_wait_ms(stats: EngineStats, prefill_ahead: int, config: SchedulerConfig) -> float:
@@ -221,18 +220,30 @@ def engine_has_room(
     return stats.waiting_prefill_tokens + starting_prefill < config.token_budget
 
 
-class AdmissionQueue:
+@dataclass(slots=True, eq=False)
+class QueueEntry(Generic[T]):
+    """One queued item, the cost it adds to its class's figures, and whether it still waits."""
+
+    item: T
+    priority: int
+    prefill_tokens: int
+    blocks: int
+    live: bool = True
+
+
+class AdmissionQueue(Generic[T]):
     """Admitted requests waiting for engine room: strict priority, then earliest deadline first.
 
-    Entries are opaque items; ``push`` takes the ordering keys and the cost figures that
-    :class:`QueueState` aggregates. Removing an entry (deadline, client reset) is lazy: it is
-    marked and skipped when it reaches the front, but leaves the per-class figures at once.
+    ``push`` takes the ordering keys and the cost figures that :class:`QueueState` aggregates.
+    Removing an entry (deadline, client reset) is lazy: it is marked and skipped when it reaches
+    the front, but leaves the per-class figures at once. The heap holds (priority, deadline,
+    arrival, entry) tuples, so ordering is a tuple comparison in C.
     """
 
     __slots__ = ("_counter", "_heap", "_live", "state")
 
     def __init__(self) -> None:
-        self._heap: list[list[Any]] = []
+        self._heap: list[tuple[int, float, int, QueueEntry[T]]] = []
         self._counter = itertools.count()
         self._live = 0
         self.state = QueueState()
@@ -241,11 +252,11 @@ class AdmissionQueue:
         return self._live
 
     def push(
-        self, item: Any, priority: int, deadline: float, prefill_tokens: int, blocks: int
-    ) -> list[Any]:
+        self, item: T, priority: int, deadline: float, prefill_tokens: int, blocks: int
+    ) -> QueueEntry[T]:
         """Queue ``item``; returns the entry handle to pass to ``remove``."""
-        entry = [priority, deadline, next(self._counter), item, prefill_tokens, blocks, True]
-        heapq.heappush(self._heap, entry)
+        entry = QueueEntry(item, priority, prefill_tokens, blocks)
+        heapq.heappush(self._heap, (priority, deadline, next(self._counter), entry))
         state = self.state
         state.count[priority] += 1
         state.prefill_tokens[priority] += prefill_tokens
@@ -253,36 +264,30 @@ class AdmissionQueue:
         self._live += 1
         return entry
 
-    def _forget(self, entry: list[Any]) -> None:
-        entry[6] = False
-        priority = entry[0]
+    def _forget(self, entry: QueueEntry[T]) -> None:
+        entry.live = False
+        priority = entry.priority
         state = self.state
         state.count[priority] -= 1
-        state.prefill_tokens[priority] -= entry[4]
-        state.blocks[priority] -= entry[5]
+        state.prefill_tokens[priority] -= entry.prefill_tokens
+        state.blocks[priority] -= entry.blocks
         self._live -= 1
 
-    def remove(self, entry: list[Any]) -> bool:
+    def remove(self, entry: QueueEntry[T]) -> bool:
         """Take an entry out of the line; False if it already left."""
-        if not entry[6]:
+        if not entry.live:
             return False
         self._forget(entry)
         return True
 
-    def peek(self) -> Any | None:
-        heap = self._heap
-        while heap and not heap[0][6]:
-            heapq.heappop(heap)
-        return heap[0][3] if heap else None
-
-    def pop(self) -> Any | None:
+    def pop(self) -> T | None:
         """The next item in order, or None when empty."""
         heap = self._heap
         while heap:
-            entry = heapq.heappop(heap)
-            if entry[6]:
+            entry = heapq.heappop(heap)[3]
+            if entry.live:
                 self._forget(entry)
-                return entry[3]
+                return entry.item
         return None
 
 
@@ -294,9 +299,9 @@ __all__ = [
     "PRIORITY_NORMAL",
     "AdmissionQueue",
     "Decision",
+    "QueueEntry",
     "QueueState",
     "SchedulerConfig",
-    "blocks_for",
     "decide",
     "engine_has_room",
     "estimated_wait_ms",

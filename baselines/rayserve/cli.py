@@ -1,7 +1,8 @@
 """``zl-baseline``: stand the Ray Serve baseline up in the foreground until SIGINT or SIGTERM.
 
 On either signal it tears down Serve and the Ray it started, and waits until every Ray process
-has exited, so a run never leaves a cluster behind.
+has exited, so a run never leaves a cluster behind. A mistake in the arguments is one
+``zl-baseline: error:`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -11,22 +12,36 @@ import json
 import signal
 import sys
 import threading
-from typing import Any
 
 from baselines.rayserve.standup import start_baseline
+from zerolayer.cliargs import Parser, fail, port, positive_int
 from zerolayer.engine import ENGINES
+from zerolayer.engine.options import add_engine_option, validate_engine_options
+
+PROG = "zl-baseline"
+DESCRIPTION = (
+    "The Ray Serve baseline in the foreground until SIGINT or SIGTERM, which tear down Serve and "
+    "the Ray it started, leaving no Ray process behind."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zl-baseline", description=__doc__)
-    parser.add_argument("--engine", choices=ENGINES, default="sim")
-    parser.add_argument("--replicas", type=int, default=2, help="engine replicas")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (0: pick a free one)")
-    parser.add_argument("--router", choices=("consistent_hash", "pow2"), default="consistent_hash")
-    parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster")
+    parser = Parser(prog=PROG, description=DESCRIPTION)
     parser.add_argument(
-        "--engine-options", default="{}", help="JSON object of engine options (SimConfig fields)"
+        "--engine", choices=ENGINES, default="sim", help="engine every replica runs"
     )
+    add_engine_option(parser)
+    parser.add_argument("--replicas", type=positive_int, default=2, help="engine replicas")
+    parser.add_argument(
+        "--port", type=port, default=8000, help="HTTP port, 0..65535 (0: pick a free one)"
+    )
+    parser.add_argument(
+        "--router",
+        choices=("consistent_hash", "pow2"),
+        default="consistent_hash",
+        help="how Serve picks an engine replica: by zl-session, or power of two choices",
+    )
+    parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster")
     parser.add_argument(
         "--throughput-optimized",
         action="store_true",
@@ -39,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    options: dict[str, Any] = json.loads(args.engine_options)
+    try:
+        options = validate_engine_options(args.engine, dict(args.engine_options))
+    except ValueError as exc:
+        return fail(PROG, str(exc))
     handle = start_baseline(
         engine=args.engine,
         replicas=args.replicas,
@@ -55,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.metadata:
             print(json.dumps(handle.metadata, default=str), flush=True)
-        print(f"zl-baseline listening on {handle.url}", flush=True)
+        print(f"{PROG} listening on {handle.url}", flush=True)
         while not stop.wait(0.5):
             continue
     finally:
         handle.close()
-    print("zl-baseline stopped", flush=True)
+    print(f"{PROG} stopped", flush=True)
     return 0
 
 

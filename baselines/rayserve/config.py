@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
 from zerolayer.engine import SimConfig
+from zerolayer.engine.options import validate_engine_options
 
 CONSISTENT_HASH_ROUTER: Final = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 POW2_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
@@ -63,6 +64,9 @@ class BaselineConfig:
             raise ValueError(f"router must be consistent_hash or pow2, got {self.router!r}")
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        # Checked here, before Ray starts, not inside a replica actor where it would surface
+        # as a deployment that never becomes healthy.
+        self.engine_options = validate_engine_options(self.engine, self.engine_options)
 
     @property
     def engine_max_seqs(self) -> int:

@@ -1,8 +1,6 @@
 """The engine-replica deployment: the same engine the zero-layer replica runs, behind Serve.
 
-Chunks cross the actor boundary as plain tuples (cheap to serialise); engine errors travel as a
-final error item rather than as exceptions, so the ingress can tell "the engine refused" from
-"the replica died" (only the second is worth retrying elsewhere).
+Chunks and engine errors cross the actor boundary as the named tuples of ``items``.
 """
 
 from __future__ import annotations
@@ -17,13 +15,8 @@ from typing import Any
 import orjson
 from ray import serve
 
+from baselines.rayserve.items import ChunkItem, EngineItem, ErrorItem
 from zerolayer.engine import EngineError, EngineRequest, EngineStats, make_engine
-
-Chunk = tuple[str, int, str | None, int, int]
-"""(text, number of token ids, finish_reason, prompt_tokens, completion_tokens)."""
-ErrorItem = tuple[str, str]
-"""(engine error code, message)."""
-
 
 STATS_PREFIX = "engine-stats-"
 
@@ -47,11 +40,11 @@ class EngineReplica:
             Path(stats_dir) / f"{STATS_PREFIX}{os.getpid()}.jsonl" if stats_dir else None
         )
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[Chunk | ErrorItem]:
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[EngineItem]:
         """Stream one request's chunks; cancellation (client gone) aborts it in the engine."""
         try:
             async for chunk in self.engine.generate(EngineRequest(**request)):
-                yield (
+                yield ChunkItem(
                     chunk.text,
                     len(chunk.token_ids),
                     chunk.finish_reason,
@@ -59,7 +52,7 @@ class EngineReplica:
                     chunk.completion_tokens,
                 )
         except EngineError as exc:
-            yield (exc.code, str(exc))
+            yield ErrorItem(exc.code, str(exc))
 
     def check_health(self) -> None:
         """Serve calls this every ``health_check_period_s``; a failure replaces the replica."""
@@ -76,4 +69,4 @@ class EngineReplica:
 
 def engine_deployment() -> serve.Deployment:
     """The undecorated class as a Serve deployment (options are applied by the stand-up)."""
-    return serve.deployment(EngineReplica, name="EngineReplica")
+    return serve.deployment(name="EngineReplica")(EngineReplica)

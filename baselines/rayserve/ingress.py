@@ -14,7 +14,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ray import serve
 from ray.exceptions import RayActorError
@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from baselines.rayserve.admission import FifoGate, TokenBuckets
+from baselines.rayserve.items import ChunkItem, ErrorItem
 from zerolayer.wire.contract import (
     DEADLINE_EXCEEDED,
     ENGINE_DOWN,
@@ -60,8 +61,8 @@ log = logging.getLogger("ray.serve")
 
 def error_response(exc: ContractError, request_id: str) -> Response:
     """The contract's error response: status, ``zl-error``, maybe ``retry-after-ms``, JSON."""
-    headers = {k: v for k, v in error_headers(exc.error, exc.retry_after_ms) if k[0] != ":"}
-    headers[REQUEST_ID] = request_id
+    pairs = error_headers(exc.error, request_id.encode(), exc.retry_after_ms)
+    headers = {name.decode(): value.decode() for name, value in pairs}
     return Response(error_body(exc.error, exc.message), exc.error.status, headers)
 
 
@@ -70,7 +71,9 @@ class _Attempt:
 
     __slots__ = ("attempts", "first", "stream")
 
-    def __init__(self, stream: DeploymentResponseGenerator, first: tuple, attempts: int) -> None:
+    def __init__(
+        self, stream: DeploymentResponseGenerator, first: ChunkItem, attempts: int
+    ) -> None:
         self.stream = stream
         self.first = first
         self.attempts = attempts
@@ -183,7 +186,8 @@ class Orchestrator:
         handle = self.engine.options(stream=True, session_id=meta.session or request_id)
         last: BaseException | None = None
         for attempt in range(1, self.max_retries + 2):
-            stream = handle.generate.remote(payload)
+            # A streaming handle (``stream=True``) always answers with a generator.
+            stream = cast(DeploymentResponseGenerator, handle.generate.remote(payload))
             try:
                 first = await asyncio.wait_for(stream.__anext__(), deadline - time.monotonic())
             except TimeoutError:
@@ -198,9 +202,8 @@ class Orchestrator:
                     break
                 await asyncio.sleep(delay)
                 continue
-            if len(first) == 2:
-                code, message = first
-                raise ContractError(ERRORS.get(code, UPSTREAM_FAILED), message)
+            if isinstance(first, ErrorItem):
+                raise ContractError(ERRORS.get(first.code, UPSTREAM_FAILED), first.message)
             return _Attempt(stream, first, attempt)
         raise ContractError(
             ENGINE_DOWN,
@@ -221,10 +224,10 @@ class Orchestrator:
     ) -> AsyncIterator[bytes]:
         """The SSE events of one request; releases its FIFO slot and logs when it ends."""
         ttft = time.monotonic() - start
-        item = attempt.first
+        item: ChunkItem | None = attempt.first
         first = True
         try:
-            while True:
+            while item is not None:
                 text, _, finish, prompt_tokens, completion_tokens = item
                 outcome.text.append(text)
                 outcome.usage = usage(prompt_tokens, completion_tokens)
@@ -235,10 +238,9 @@ class Orchestrator:
                 yield framer.event(text, first)
                 first = False
                 item = await self._next(attempt, deadline, outcome)
-                if outcome.failure is not None:
-                    failure = outcome.failure
-                    yield error_event(failure.error, failure.message)
-                    return
+            failure = outcome.failure
+            if failure is not None:
+                yield error_event(failure.error, failure.message)
         finally:
             attempt.stream.cancel()
             self.gate.release(time.monotonic() - slot_at)
@@ -256,8 +258,9 @@ class Orchestrator:
             )
 
     @staticmethod
-    async def _next(attempt: _Attempt, deadline: float, outcome: _Outcome) -> tuple:
-        """The next engine item; a failure after the first token is recorded, never retried."""
+    async def _next(attempt: _Attempt, deadline: float, outcome: _Outcome) -> ChunkItem | None:
+        """The next engine chunk; None after recording in ``outcome`` a failure after the first
+        token (never retried)."""
         error: ErrorCode
         try:
             item = await asyncio.wait_for(attempt.stream.__anext__(), deadline - time.monotonic())
@@ -268,11 +271,11 @@ class Orchestrator:
         except StopAsyncIteration:
             error, message = UPSTREAM_FAILED, "engine stream ended without a finish reason"
         else:
-            if len(item) == 5:
+            if not isinstance(item, ErrorItem):
                 return item
-            error, message = ERRORS.get(item[0], UPSTREAM_FAILED), item[1]
+            error, message = ERRORS.get(item.code, UPSTREAM_FAILED), item.message
         outcome.failure = ContractError(error, message)
-        return ()
+        return None
 
     def _log(
         self,
@@ -307,4 +310,4 @@ class Orchestrator:
 
 def ingress_deployment() -> serve.Deployment:
     """The undecorated class as a Serve deployment (options are applied by the stand-up)."""
-    return serve.deployment(Orchestrator, name="Orchestrator")
+    return serve.deployment(name="Orchestrator")(Orchestrator)

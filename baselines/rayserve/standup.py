@@ -76,25 +76,27 @@ def _deploy(config: BaselineConfig) -> None:
         http_options={"host": config.host, "port": config.port},
         proxy_location=config.proxy_location,
     )
+    # A dict: Ray annotates RequestRouterConfig's **kwargs as if every value were a dict.
+    router: dict[str, Any] = {
+        "request_router_class": config.router_class(),
+        "request_router_kwargs": config.router_kwargs(),
+    }
+    lifecycle: dict[str, Any] = {  # the same health checks and shutdown for both deployments
+        "health_check_period_s": config.health_check_period_s,
+        "health_check_timeout_s": config.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
+        "ray_actor_options": {"num_cpus": 0},
+    }
     engines = engine_deployment().options(
         num_replicas=config.replicas,
         max_ongoing_requests=config.engine_ongoing,
-        health_check_period_s=config.health_check_period_s,
-        health_check_timeout_s=config.health_check_timeout_s,
-        graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
-        ray_actor_options={"num_cpus": 0},
-        request_router_config=RequestRouterConfig(
-            request_router_class=config.router_class(),
-            request_router_kwargs=config.router_kwargs(),
-        ),
+        request_router_config=RequestRouterConfig(**router),
+        **lifecycle,
     )
     ingress = ingress_deployment().options(
         num_replicas=config.ingress_replicas,
         max_ongoing_requests=config.ingress_max_ongoing_requests,
-        health_check_period_s=config.health_check_period_s,
-        health_check_timeout_s=config.health_check_timeout_s,
-        graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
-        ray_actor_options={"num_cpus": 0},
+        **lifecycle,
     )
     app = ingress.bind(
         engines.bind(config.engine, dict(config.engine_options), config.stats_dir),

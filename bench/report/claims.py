@@ -12,17 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 
-from bench.report.data import RunData
-from harness import schema
+from bench.report.data import RunData, read_recovery
+from harness.schema import SummaryRow
 from harness.telemetry.process import LAYER_ROLES
 
 ZEROLAYER = "zerolayer"
 BASELINE = "baseline"
 LATENCY_PROFILE = "a_latency"
 FAULT_PROFILE = "d_fault"
-RECOVERY_TABLE = "recovery.json"
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 
 
@@ -38,7 +36,7 @@ class ClaimResult:
     rule: str
 
 
-def _summary_pair(run: RunData, profile: str) -> tuple[dict, dict] | None:
+def _summary_pair(run: RunData, profile: str) -> tuple[SummaryRow, SummaryRow] | None:
     zl, base = run.summary(ZEROLAYER, profile), run.summary(BASELINE, profile)
     return (zl, base) if zl is not None and base is not None else None
 
@@ -54,9 +52,11 @@ def layer_overhead(run: RunData) -> ClaimResult:
     rule = "held when baseline P50 E2EL - zero-layer P50 E2EL lies within 40-300 ms (2x range)"
     profile = _latency_profile(run)
     pair = _summary_pair(run, profile)
-    if pair is None:
+    medians = [row.stat("median_e2el_ms") for row in pair] if pair else []
+    zl, base = (medians[0], medians[1]) if medians else (None, None)
+    if zl is None or base is None:
         return ClaimResult("layer_overhead", claim, "80-150 ms", "-", NOT_MEASURED, rule)
-    delta = pair[1]["median_e2el_ms"] - pair[0]["median_e2el_ms"]
+    delta = base - zl
     status = HELD if 40.0 <= delta <= 300.0 else NOT_HELD
     return ClaimResult(
         "layer_overhead",
@@ -118,16 +118,18 @@ def tail_latency(run: RunData) -> ClaimResult:
         "p99": "p99_e2el_ms",
         "std": "std_e2el_ms",
     }
-    ratios = {
-        k: pair[1][key] / pair[0][key] if pair[0][key] > 0 else float("inf")
-        for k, key in keys.items()
-    }
-    figures = "/".join(f"{pair[0][keys[k]]:.0f}" for k in ("p50", "p95", "p99"))
-    base = "/".join(f"{pair[1][keys[k]]:.0f}" for k in ("p50", "p95", "p99"))
+    zl = {k: pair[0].stat(key) for k, key in keys.items()}
+    base = {k: pair[1].stat(key) for k, key in keys.items()}
+    zl_ok = {k: v for k, v in zl.items() if v is not None}
+    base_ok = {k: v for k, v in base.items() if v is not None}
+    if len(zl_ok) < len(keys) or len(base_ok) < len(keys):
+        return ClaimResult("tail_latency", claim, claimed_text, "-", NOT_MEASURED, rule)
+    ratios = {k: base_ok[k] / zl_ok[k] if zl_ok[k] > 0 else float("inf") for k in keys}
+    figures = "/".join(f"{zl_ok[k]:.0f}" for k in ("p50", "p95", "p99"))
+    base_text = "/".join(f"{base_ok[k]:.0f}" for k in ("p50", "p95", "p99"))
     measured = (
-        f"{figures} vs {base} ms, std {pair[0]['std_e2el_ms']:.1f} vs "
-        f"{pair[1]['std_e2el_ms']:.1f} ms ({profile}); ratios "
-        + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        f"{figures} vs {base_text} ms, std {zl_ok['std']:.1f} vs {base_ok['std']:.1f} ms "
+        f"({profile}); ratios " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
     )
     held = all(ratios[k] >= claimed[k] / 2 for k in claimed)
     return ClaimResult(
@@ -145,9 +147,9 @@ def refusal_speed(run: RunData) -> ClaimResult:
         "zero-layer's (half the claimed 40x), from the chaos recovery table"
     )
     detect = {
-        row["stack"]: float(row["time_to_detect_s"]) * 1000.0
-        for row in recovery_rows(run)
-        if "kv" in str(row.get("fault", "")).lower() and row.get("time_to_detect_s") is not None
+        row.stack: row.time_to_detect_s * 1000.0
+        for row in read_recovery(run.path)
+        if "kv" in row.fault.lower() and row.time_to_detect_s is not None
     }
     if ZEROLAYER not in detect or BASELINE not in detect:
         return ClaimResult("refusal_speed", claim, "3 ms vs 120 ms", "-", NOT_MEASURED, rule)
@@ -163,15 +165,6 @@ def refusal_speed(run: RunData) -> ClaimResult:
     )
 
 
-def recovery_rows(run: RunData) -> list[dict]:
-    """The chaos recovery table when the run has one (``chaos/recovery.json``: a list of rows)."""
-    path = run.path / schema.CHAOS_DIR / RECOVERY_TABLE
-    if not path.exists():
-        return []
-    rows = orjson.loads(path.read_bytes())
-    return rows if isinstance(rows, list) else []
-
-
 def fault_errors(run: RunData) -> ClaimResult:
     claim = (
         "killing an orchestrator replica multiplies downstream errors; "
@@ -184,11 +177,10 @@ def fault_errors(run: RunData) -> ClaimResult:
     pair = _summary_pair(run, FAULT_PROFILE)
     if pair is None:
         return ClaimResult("fault_errors", claim, "errors multiply", "-", NOT_MEASURED, rule)
-    zl = pair[0]["errors"] + pair[0]["lost"]
-    base = pair[1]["errors"] + pair[1]["lost"]
+    zl, base = pair[0].failed, pair[1].failed
     measured = (
-        f"failed+lost {zl} of {pair[0]['num_requests']} (zero-layer) vs "
-        f"{base} of {pair[1]['num_requests']} (baseline)"
+        f"failed+lost {zl} of {pair[0].num_requests} (zero-layer) vs "
+        f"{base} of {pair[1].num_requests} (baseline)"
     )
     return ClaimResult(
         "fault_errors",

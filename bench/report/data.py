@@ -5,6 +5,7 @@ check, ``zl-bench compare`` and the notebook.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,8 +14,11 @@ from typing import Any
 
 import orjson
 
+from chaos.recovery import Recovery
 from harness import metrics, schema
+from harness.errors import UsageError
 
+RECOVERY_TABLE = "recovery.json"
 _REQUESTS_RE = re.compile(r"^requests-(?P<stack>.+)-(?P<profile>[^-]+)\.jsonl$")
 
 
@@ -34,9 +38,9 @@ class RunData:
     """Everything the report needs from one run, loaded once."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: schema.RunMeta
     records: dict[tuple[str, str], list[schema.RequestRecord]]
-    summaries: list[dict[str, Any]]
+    summaries: list[schema.SummaryRow]
     telemetry: list[dict[str, Any]]
     phases: list[dict[str, Any]]
     faults: list[Fault]
@@ -44,11 +48,11 @@ class RunData:
 
     @property
     def run_id(self) -> str:
-        return str(self.meta.get("run_id") or self.path.name)
+        return self.meta.run_id or self.path.name
 
     @property
     def scale(self) -> str:
-        return str(self.meta.get("scale", "unknown"))
+        return self.meta.scale
 
     @property
     def incomplete(self) -> bool:
@@ -69,24 +73,47 @@ class RunData:
         starts += [p["t_ns"] for p in self.phases if p.get("kind") == "phase"]
         return min(starts) if starts else 0
 
-    def summary(self, stack: str, profile: str) -> dict[str, Any] | None:
+    def summary(self, stack: str, profile: str) -> schema.SummaryRow | None:
         for entry in self.summaries:
-            if entry.get("stack") == stack and entry.get("profile") == profile:
+            if entry.stack == stack and entry.profile == profile:
                 return entry
         return None
 
     def offered_rate(self, profile: str) -> float | None:
         """Offered load (req/s) as the run recorded it: the capacity preflight's, else the rate."""
-        prof = self.meta.get("profiles", {}).get(profile, {})
+        prof = self.meta.profiles.get(profile, {})
         capacity = prof.get("capacity") or {}
         value = capacity.get("offered_requests_per_s", prof.get("rate"))
         return float(value) if value is not None else None
 
     def capacity(self, profile: str) -> float | None:
         """The engines' predicted capacity (req/s) for a profile, when the run recorded it."""
-        capacity = self.meta.get("profiles", {}).get(profile, {}).get("capacity") or {}
+        capacity = self.meta.profiles.get(profile, {}).get("capacity") or {}
         value = capacity.get("requests_per_s")
         return float(value) if value is not None else None
+
+
+def read_recovery(run_dir: Path) -> list[Recovery]:
+    """chaos/recovery.json, profile D's recovery rows for every stack (none if absent)."""
+    path = run_dir / schema.CHAOS_DIR / RECOVERY_TABLE
+    if not path.exists():
+        return []
+    data = _read_json(path)
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise schema.ResultsError(f"{path}: expected a list of recovery rows")
+    names = {f.name for f in dataclasses.fields(Recovery)}
+    try:
+        return [Recovery(**{k: v for k, v in d.items() if k in names}) for d in data]
+    except TypeError as exc:
+        raise schema.ResultsError(f"{path}: a row is not a recovery row ({exc})") from exc
+
+
+def append_recovery(run_dir: Path, rows: list[Recovery]) -> None:
+    """Add one stack's recovery rows to chaos/recovery.json (rewritten whole)."""
+    path = run_dir / schema.CHAOS_DIR / RECOVERY_TABLE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = [r.to_dict() for r in [*read_recovery(run_dir), *rows]]
+    path.write_bytes(orjson.dumps(table, option=orjson.OPT_INDENT_2))
 
 
 def _ordered(items: Any) -> list[str]:
@@ -96,7 +123,10 @@ def _ordered(items: Any) -> list[str]:
 
 
 def _read_json(path: Path) -> Any:
-    return orjson.loads(path.read_bytes())
+    try:
+        return orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise schema.ResultsError(f"{path}: not JSON ({exc})") from exc
 
 
 def _iso_ns(value: str) -> int:
@@ -144,48 +174,73 @@ def _records(path: Path) -> dict[tuple[str, str], list[schema.RequestRecord]]:
     return out
 
 
-def load_run(path: str | Path) -> RunData:
-    """Read a results directory; summaries missing from summary.json are computed from records."""
-    path = Path(path)
+def _check_is_run(path: Path) -> None:
+    """A UsageError unless ``path`` holds a run (run.json or request records)."""
     if not path.is_dir():
-        raise FileNotFoundError(f"no results directory at {path}")
-    reasons = []
-    meta_path = path / schema.RUN_META
-    meta: dict[str, Any] = _read_json(meta_path) if meta_path.exists() else {}
-    if not meta:
+        raise UsageError(f"no results directory at {path}")
+    if (path / schema.RUN_META).exists() or any(path.glob("requests-*.jsonl")):
+        return
+    runs = sorted(p.name for p in path.iterdir() if (p / schema.RUN_META).exists())
+    hint = f"; it holds the runs {', '.join(runs[:5])}" if runs else ""
+    raise UsageError(f"{path} is not a run directory (no {schema.RUN_META}, no records){hint}")
+
+
+def _meta(path: Path, reasons: list[str]) -> schema.RunMeta:
+    if not (path / schema.RUN_META).exists():
         reasons.append(f"{schema.RUN_META} is missing: the run never finished writing it")
-    elif meta.get("complete") is False or meta.get("status") in ("incomplete", "interrupted"):
-        reasons.append(str(meta.get("incomplete_reason") or "the run was interrupted"))
-    records = _records(path)
-    summary_path = path / schema.SUMMARY
-    summaries: list[dict[str, Any]] = _read_json(summary_path) if summary_path.exists() else []
-    if meta and not summary_path.exists():
+        return schema.RunMeta(run_id=path.name)
+    meta = schema.read_run_meta(path)
+    if meta.incomplete_reason is not None:
+        reasons.append(meta.incomplete_reason)
+    return meta
+
+
+def _summaries(
+    path: Path, records: dict[tuple[str, str], list[schema.RequestRecord]], reasons: list[str]
+) -> list[schema.SummaryRow]:
+    """summary.json's rows, plus rows recomputed from records for pairs it lacks."""
+    summaries = schema.read_summary(path) if (path / schema.SUMMARY).exists() else []
+    if (path / schema.RUN_META).exists() and not (path / schema.SUMMARY).exists():
         reasons.append(f"{schema.SUMMARY} is missing: summaries recomputed from the records")
-    have = {(s.get("stack"), s.get("profile")) for s in summaries}
+    have = {(s.stack, s.profile) for s in summaries}
     for (stack, profile), recs in records.items():
         if (stack, profile) not in have and recs:
-            loader = recs[0].loader
-            summaries.append(
-                {
-                    "stack": stack,
-                    "profile": profile,
-                    "loader": loader,
-                    "recomputed": True,
-                    **metrics.summarize(recs),
-                }
+            row = schema.SummaryRow.from_dict(
+                {"stack": stack, "profile": profile, "loader": recs[0].loader}
+                | metrics.summarize(recs)
             )
-    tele_path, phase_path = path / schema.TELEMETRY, path / schema.PHASES
-    telemetry = schema.read_jsonl(tele_path) if tele_path.exists() else []
-    phases = schema.read_jsonl(phase_path) if phase_path.exists() else []
-    faults = [
+            row.recomputed = True
+            summaries.append(row)
+    return summaries
+
+
+def _phase_faults(phases: list[dict[str, Any]]) -> list[Fault]:
+    return [
         Fault(p["t_ns"], str(p.get("name", "fault")), str(p.get("stack", "")))
         for p in phases
         if p.get("kind") == "fault" and p.get("event", "start") == "start"
     ]
-    stacks = _ordered(k[0] for k in records)
+
+
+def load_run(path: str | Path) -> RunData:
+    """Read a results directory; summaries missing from summary.json are computed from records.
+
+    Raises UsageError when ``path`` is not a run directory (missing, empty, or the parent of
+    runs) and schema.ResultsError when a file in it is damaged.
+    """
+    path = Path(path)
+    _check_is_run(path)
+    reasons: list[str] = []
+    meta = _meta(path, reasons)
+    records = _records(path)
+    summaries = _summaries(path, records, reasons)
+    tele_path, phase_path = path / schema.TELEMETRY, path / schema.PHASES
+    telemetry = schema.read_jsonl(tele_path) if tele_path.exists() else []
+    phases = schema.read_jsonl(phase_path) if phase_path.exists() else []
+    faults = _phase_faults(phases)
     chaos_dir = path / schema.CHAOS_DIR
     if chaos_dir.is_dir():
-        faults.extend(_chaos_faults(chaos_dir, stacks))
+        faults.extend(_chaos_faults(chaos_dir, _ordered(k[0] for k in records)))
     return RunData(
         path=path,
         meta=meta,

@@ -6,14 +6,16 @@ the summary table, the claims check, fault markers, telemetry sources, and every
 
 from __future__ import annotations
 
+import argparse
 import base64
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from bench.report import claims, plots
-from bench.report.data import RunData, load_run
+from bench.report.data import RunData, load_run, read_recovery
 from harness import schema
+from harness.schema import SummaryRow
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "{:.0f}"),
@@ -65,23 +67,51 @@ def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _summary_cells(entry: SummaryRow) -> list[str]:
+    """The row's figures; a profile that completed nothing says so in its latency columns."""
+    flat = entry.to_dict()
+    return [
+        "<i>no completions</i>"
+        if entry.completed == 0 and key.endswith("_ms")
+        else _cell(flat.get(key), fmt)
+        for key, _, fmt in SUMMARY_COLUMNS
+    ]
+
+
+def _loader_note(entry: SummaryRow) -> str:
+    parts = [entry.loader_protocol or "?"]
+    if entry.ttft_is_first_byte:
+        parts.append("TTFT = time to first byte (the tool cannot stream)")
+    return escape("; ".join(parts))
+
+
 def _summary_section(run: RunData) -> str:
     rows, notes = [], []
     for entry in run.summaries:
-        valid = entry.get("valid", True)
-        flag = "valid" if valid else "INVALID"
-        if entry.get("recomputed"):
+        flag = "valid" if entry.valid else "INVALID"
+        if entry.recomputed:
             flag += " (recomputed)"
         rows.append(
-            [escape(str(entry.get(k, ""))) for k in ("stack", "profile", "loader")]
-            + [_cell(entry.get(key), fmt) for key, _, fmt in SUMMARY_COLUMNS]
-            + [flag]
+            [
+                escape(entry.stack),
+                escape(entry.profile),
+                escape(entry.loader),
+                *_summary_cells(entry),
+                _loader_note(entry),
+                flag,
+            ]
         )
-        for reason in entry.get("invalid_reasons", []):
-            notes.append(
-                f"<li>{escape(entry['stack'])} / {escape(entry['profile'])}: {escape(reason)}</li>"
-            )
-    headers = ["stack", "profile", "loader", *(h for _, h, _ in SUMMARY_COLUMNS), "validity"]
+        for reason in entry.invalid_reasons:
+            where = f"{escape(entry.stack)} / {escape(entry.profile)}"
+            notes.append(f"<li>{where}: {escape(reason)}</li>")
+    headers = [
+        "stack",
+        "profile",
+        "loader",
+        *(h for _, h, _ in SUMMARY_COLUMNS),
+        "on the wire",
+        "validity",
+    ]
     out = "<h2>Summary</h2>" + _table(headers, rows, left=3)
     if notes:
         out += (
@@ -92,11 +122,14 @@ def _summary_section(run: RunData) -> str:
 
 
 def _validity_section(run: RunData) -> str:
-    flags = run.meta.get("validity")
+    flags = run.meta.validity
     if not flags:
         return ""
-    items = flags.items() if isinstance(flags, dict) else enumerate(flags)
-    lis = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in items)
+    lis = "".join(
+        f"<li>{escape(k)}: {'valid' if v.valid else 'INVALID: ' + escape('; '.join(v.reasons))}"
+        "</li>"
+        for k, v in flags.items()
+    )
     return f"<h2>Run validity flags</h2><ul>{lis}</ul>"
 
 
@@ -150,7 +183,7 @@ RECOVERY_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def _recovery_section(run: RunData) -> str:
-    rows = claims.recovery_rows(run)
+    rows = [r.to_dict() for r in read_recovery(run.path)]
     if not rows:
         return ""
     body = [
@@ -171,7 +204,7 @@ def _recovery_section(run: RunData) -> str:
 
 
 def _telemetry_section(run: RunData) -> str:
-    sources = run.meta.get("telemetry", {}).get("sources", [])
+    sources = run.meta.telemetry.get("sources", [])
     if not sources:
         return ""
     rows = [
@@ -201,14 +234,11 @@ def render(run_dir: str | Path) -> Path:
     head = [
         ("run", run.run_id),
         ("scale", run.scale),
-        (
-            "engine",
-            (meta.get("engine") or {}).get("name", "?")
-            if isinstance(meta.get("engine"), dict)
-            else meta.get("engine", "?"),
-        ),
-        ("git revision", meta.get("git_revision", "?")),
-        ("machine", meta.get("machine", "?")),
+        ("engine", meta.engine),
+        ("loader", meta.loader or "?"),
+        ("seed", meta.seed if meta.seed is not None else "per profile"),
+        ("git revision", meta.git_revision),
+        ("machine", meta.machine or "?"),
     ]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>zl-bench "
@@ -236,3 +266,14 @@ def render(run_dir: str | Path) -> Path:
     out = run.path / schema.REPORT
     out.write_text("\n".join(p for p in parts if p), encoding="utf-8")
     return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench report``'s arguments."""
+    parser.add_argument("run", type=Path, help="a run's results directory, e.g. results/<run-id>")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Render the report; a path that is not a run directory is a UsageError (exit 2)."""
+    print(f"wrote {render(args.run)}")
+    return 0

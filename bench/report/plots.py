@@ -50,6 +50,15 @@ def _empty(fig: Figure, message: str) -> Figure:
     return fig
 
 
+def _no_completions(ax: Axes, what: str) -> None:
+    """Say, where the figures would be, that there are none (an outage completes nothing)."""
+    ax.text(
+        0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, fontsize=10, wrap=True
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def _per_record(recs: list[schema.RequestRecord], name: str) -> tuple[np.ndarray, np.ndarray]:
     """(send time in ns, value in ms) for each record that has the series ``name``."""
     times, values = [], []
@@ -132,33 +141,40 @@ def latency_cdf(run: RunData) -> Figure:
     if not profiles:
         return _empty(fig, "no request records in this run")
     for ax, profile in zip(axes[0], profiles, strict=True):
-        for stack in run.stacks:
-            recs = run.records.get((stack, profile))
-            if not recs:
-                continue
-            values = metrics.series(recs)
-            for name, style in (("e2el", "-"), ("ttft", "--")):
-                data = np.sort(np.asarray(values[name]))
-                if data.size == 0:
-                    continue
-                frac = np.arange(1, data.size + 1) / data.size
-                ax.step(
-                    data,
-                    frac,
-                    style,
-                    where="post",
-                    color=stack_color(run, stack),
-                    label=f"{stack} {name.upper()} (n={data.size})",
-                )
+        ax.set_title(f"profile {profile}", fontsize=10)
+        if not _cdf_panel(ax, run, profile):
+            _no_completions(ax, f"no completed requests in profile {profile}: no latency")
+            continue
         ax.set_xscale("log")
         _log_ms(ax.xaxis)
         ax.set_xlabel("latency (ms, log scale)")
         ax.set_ylabel("fraction of completed requests")
-        ax.set_title(f"profile {profile}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def _cdf_panel(ax: Axes, run: RunData, profile: str) -> bool:
+    """Draw one profile's CDF lines; False when no stack completed a request in it."""
+    drawn = False
+    for stack in run.stacks:
+        values = metrics.series(run.records.get((stack, profile), []))
+        for name, style in (("e2el", "-"), ("ttft", "--")):
+            data = np.sort(np.asarray(values[name]))
+            if data.size == 0:
+                continue
+            frac = np.arange(1, data.size + 1) / data.size
+            ax.step(
+                data,
+                frac,
+                style,
+                where="post",
+                color=stack_color(run, stack),
+                label=f"{stack} {name.upper()} (n={data.size})",
+            )
+            drawn = True
+    return drawn
 
 
 def latency_variance(run: RunData) -> Figure:
@@ -173,9 +189,14 @@ def latency_variance(run: RunData) -> Figure:
         for profile, stack in groups:
             values = metrics.series(run.records[(stack, profile)])[name]
             std = metrics.describe(name, values)[f"std_{name}_ms"]
-            data.append(values or [np.nan])
+            if std is None:
+                continue
+            data.append(values)
             labels.append(f"{profile}\n{stack}\nstd {std:.1f} ms")
             colors.append(stack_color(run, stack))
+        if not data:
+            _no_completions(ax, f"no completed requests: no {name.upper()} to show")
+            continue
         box = ax.boxplot(data, patch_artist=True, showfliers=True, flierprops={"markersize": 2})
         for patch, color in zip(box["boxes"], colors, strict=True):
             patch.set_facecolor(color)
@@ -295,29 +316,29 @@ def throughput_vs_load(run: RunData) -> Figure:
     _title(fig, run, "Throughput against offered load")
     points = []
     for entry in run.summaries:
-        offered = run.offered_rate(entry["profile"])
+        offered = run.offered_rate(entry.profile)
         if offered is not None:
             points.append((entry, offered))
     if not points:
         return _empty(fig, "no offered load recorded in run.json for any profile")
     top = 0.0
     for entry, offered in points:
-        got = entry.get("request_throughput", 0.0)
+        got = entry.request_throughput
         top = max(top, offered, got)
-        rank = run.stacks.index(entry["stack"]) if entry["stack"] in run.stacks else 0
+        rank = run.stacks.index(entry.stack) if entry.stack in run.stacks else 0
         ax.scatter(
             [offered],
             [got],
             s=140 / (1 + rank),
             marker=MARKERS[rank % len(MARKERS)],
-            color=stack_color(run, entry["stack"]),
-            label=entry["stack"],
+            color=stack_color(run, entry.stack),
+            label=entry.stack,
             edgecolors="black",
             linewidths=0.5,
             zorder=3 + rank,
         )
         ax.annotate(
-            entry["profile"], (offered, got), textcoords="offset points", xytext=(6, 4), fontsize=8
+            entry.profile, (offered, got), textcoords="offset points", xytext=(6, 4), fontsize=8
         )
     for profile in run.profiles:
         cap = run.capacity(profile)
@@ -367,15 +388,13 @@ def time_breakdown(run: RunData) -> dict[tuple[str, str], tuple[str, dict[str, f
                 {"engine": float(np.mean(engine_ms)), "layer": float(np.mean(layer))},
             )
         else:
-            queue = metrics.describe("client_queue", values["client_queue"])
-            ttft = metrics.describe("ttft", values["ttft"])
-            e2el = metrics.describe("e2el", values["e2el"])
+            queue, ttft = np.mean(values["client_queue"] or [0.0]), np.mean(values["ttft"] or [0.0])
             out[(stack, profile)] = (
                 "TTFT decomposition",
                 {
-                    "client queue": queue["mean_client_queue_ms"],
-                    "TTFT (layer + engine prefill)": ttft["mean_ttft_ms"],
-                    "generation after first token": e2el["mean_e2el_ms"] - ttft["mean_ttft_ms"],
+                    "client queue": float(queue),
+                    "TTFT (layer + engine prefill)": float(ttft),
+                    "generation after first token": float(np.mean(values["e2el"]) - ttft),
                 },
             )
     return out

@@ -1,24 +1,40 @@
-"""What every loader shares: the result it hands back and how it is summarised.
+"""What every loader shares: the interface, the result it hands back and how it is summarised.
 
 Each loader writes one ``harness.schema.RequestRecord`` per scheduled request to a JSONL file as
 it goes and returns a LoadResult whose summary comes from ``harness.metrics`` (the one home of
-metric definitions), so the three loaders are compared on the same arithmetic.
+metric definitions), so the three loaders are compared on the same arithmetic. Loaders in another
+process (k6, locust) get the schedule as a plan in which each request already names its replica,
+chosen by the SDK's own ring from its session, so they spread load as the SDK does.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from harness.metrics import LAG_FRACTION_OF_MEDIAN, summarize
 from harness.schema import RequestRecord
+from harness.stacks import StackName
 from harness.workload import PlannedRequest, filler_text
+from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 
-LOADERS: Final = ("native", "k6", "locust")
+if TYPE_CHECKING:
+    from harness.profile import Profile
+    from harness.stacks import Stack
+
 DEFAULT_GRACE_S: Final = 5.0
+# What went on the wire, by the stack's protocol name (``Stack.protocol``) or k6's ``res.proto``.
+_WIRE_NAMES: Final = {
+    "h2": "h2",
+    "http1": "http/1.1",
+    "HTTP/2.0": "h2",
+    "HTTP/1.1": "http/1.1",
+    "HTTP/1.0": "http/1.0",
+}
 
 
 class RequestFailed(Exception):
@@ -28,6 +44,37 @@ class RequestFailed(Exception):
         super().__init__(message or code)
         self.code = code
         self.status = status
+
+
+class Loader(Protocol):
+    """A load generator: sends a schedule to a whole stack and returns every request's record."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(
+        self,
+        schedule: Sequence[PlannedRequest],
+        stack: Stack,
+        profile: Profile,
+        records_path: Path,
+        workdir: Path,
+    ) -> LoadResult: ...
+
+
+def wire_protocol(name: str) -> str:
+    """``h2`` or ``http/1.1`` for a stack's protocol name or a tool's own spelling."""
+    return _WIRE_NAMES.get(name, name)
+
+
+def replica_routes(schedule: Sequence[PlannedRequest], stack: Stack) -> list[str]:
+    """Each request's replica URL: the zero-layer SDK's ring over the stack's URLs, keyed by the
+    session as the SDK keys it (a request without one, which the SDK places by its own request
+    id, goes by ours: the same spread); any other stack has one front door."""
+    if stack.name != StackName.ZEROLAYER:
+        return [stack.urls[0]] * len(schedule)
+    ring = HashRing(dict.fromkeys(stack.urls), DEFAULT_VNODES)
+    return [ring.lookup(r.session or r.request_id) for r in schedule]
 
 
 def new_record(
@@ -51,11 +98,12 @@ def new_record(
 
 
 def write_plan(
-    schedule: Sequence[PlannedRequest], workdir: Path, grace_s: float
+    schedule: Sequence[PlannedRequest], routes: Sequence[str], workdir: Path, grace_s: float
 ) -> dict[str, Path]:
     """The schedule as JSON for a loader in another process (k6, locust): ``plan.json`` with one
-    entry per request, and ``fillers.json`` with one prompt filler per prompt size, from which
-    ``id + ":" + filler`` cut to ``prompt_bytes`` is exactly ``PlannedRequest.prompt()``."""
+    entry per request (``url``: its replica, from ``replica_routes``), and ``fillers.json`` with
+    one prompt filler per prompt size, from which ``id + ":" + filler`` cut to ``prompt_bytes``
+    is exactly ``PlannedRequest.prompt()``."""
     workdir.mkdir(parents=True, exist_ok=True)
     sizes = sorted({r.prompt_bytes for r in schedule})
     filler_index = {size: i for i, size in enumerate(sizes)}
@@ -63,6 +111,7 @@ def write_plan(
         {
             "i": r.index,
             "id": r.request_id,
+            "url": url.rstrip("/"),
             "offset_s": r.offset_s,
             "request_class": r.request_class,
             "filler": filler_index[r.prompt_bytes],
@@ -76,7 +125,7 @@ def write_plan(
             "deadline_ms": r.deadline_ms,
             "timeout_ms": round(r.deadline_ms + grace_s * 1000),
         }
-        for r in schedule
+        for r, url in zip(schedule, routes, strict=True)
     ]
     paths = {"plan": workdir / "plan.json", "fillers": workdir / "fillers.json"}
     paths["plan"].write_text(json.dumps(plan))
@@ -86,7 +135,14 @@ def write_plan(
 
 @dataclass
 class LoadResult:
-    """One loader run against one stack: where the records are and what they add up to."""
+    """One loader run against one stack: where the records are and what they add up to.
+
+    ``protocol`` is what went on the wire (``h2``, ``http/1.1``); ``ttft_is_first_byte`` is True
+    where the tool cannot stream (k6 reads whole responses), so "TTFT" is time to first byte and
+    its records carry no chunk times. ``extra`` holds everything else the loader knows: the
+    arrival process actually used, dropped iterations, requests per replica, the tool's own
+    statistics.
+    """
 
     loader: str
     stack: str
@@ -95,6 +151,8 @@ class LoadResult:
     records: list[RequestRecord]
     summary: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    protocol: str = ""
+    ttft_is_first_byte: bool = False
 
     @property
     def valid(self) -> bool:
@@ -114,14 +172,34 @@ def make_result(
     *,
     duration_s: float | None = None,
     slos_ms: Mapping[str, float] | None = None,
-    lag_fraction: float = LAG_FRACTION_OF_MEDIAN,
+    lag_fraction: float | None = None,
     extra_reasons: Sequence[str] = (),
     extra: dict[str, Any] | None = None,
+    protocol: str = "",
+    ttft_is_first_byte: bool = False,
 ) -> LoadResult:
-    """Summarise records (``harness.metrics.summarize``) and add loader-specific invalid reasons."""
-    summary = summarize(records, duration_s, slos_ms, lag_fraction=lag_fraction)
+    """Summarise records (``harness.metrics.summarize``) and add loader-specific invalid reasons.
+
+    ``lag_fraction`` None keeps the summary's default lag rule."""
+    lag = LAG_FRACTION_OF_MEDIAN if lag_fraction is None else lag_fraction
+    summary = summarize(records, duration_s, slos_ms, lag_fraction=lag)
     summary.update(stack=stack, profile=profile, loader=loader)
     if extra_reasons:
         summary["invalid_reasons"] = [*summary["invalid_reasons"], *extra_reasons]
         summary["valid"] = False
-    return LoadResult(loader, stack, profile, records_path, list(records), summary, extra or {})
+    return LoadResult(
+        loader,
+        stack,
+        profile,
+        records_path,
+        list(records),
+        summary,
+        extra or {},
+        protocol,
+        ttft_is_first_byte,
+    )
+
+
+def replica_counts(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Requests per replica URL, of those that reached one: the load's actual spread."""
+    return dict(sorted(Counter(r.replica for r in records if r.replica).items()))

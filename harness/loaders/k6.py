@@ -6,31 +6,61 @@ iteration ``i``, so k6 sends the same requests (ids, classes, prompts, seeds, se
 native loader. Each iteration logs one JSON line (``--console-output``) that becomes a
 RequestRecord; k6's ``--summary-export`` is parsed for its own aggregates and dropped
 iterations. k6 is open-loop only at a constant rate: Poisson or gamma profiles are sent at their
-mean rate, and the result says so. Go's HTTP client speaks HTTP/2 only over TLS (ALPN), so
-towards the zero-layer stack the replicas serve a self-signed certificate (``tls.py``) and the
-script sets ``insecureSkipTLSVerify``. k6's clock in a script is ``Date.now()``: the scheduling
-lag it reports has millisecond resolution.
+mean rate, and the result says so (``extra['arrival']``). Each request goes to the replica the
+plan names (the SDK's ring over the zero-layer replicas, ``base.replica_routes``), so k6 spreads
+load as the SDK does. Go's HTTP client speaks HTTP/2 only over TLS (ALPN), so a k6 run against
+the zero-layer stack wants it started with TLS (``needs_tls``); k6 then trusts the stack's CA
+file (``SSL_CERT_FILE``, which Go reads on Linux), or, with no CA file, skips verification for
+loopback replicas only; the result records which (``extra['tls_verification']``). k6 core
+reads each response whole: its TTFT is time to first byte (``ttft_is_first_byte``) and its
+records carry no chunk times, so they add no ITL samples. k6's clock in a script is
+``Date.now()``: the scheduling lag it reports has millisecond resolution.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
 
-from harness.loaders.base import DEFAULT_GRACE_S, LoadResult, make_result, new_record, write_plan
+from harness.loaders.base import (
+    DEFAULT_GRACE_S,
+    LoadResult,
+    make_result,
+    new_record,
+    replica_counts,
+    replica_routes,
+    wire_protocol,
+    write_plan,
+)
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
 from zerolayer.wire import contract
 
+if TYPE_CHECKING:
+    from harness.profile import Profile
+    from harness.stacks import Stack
+
 K6_NOT_STARTED: Final = "not_sent"
 K6_TIMEOUT_CODE: Final = 1050
 NS_PER_MS: Final = 1_000_000
+K6_SUMMARY_METRICS: Final = (
+    "http_req_duration",
+    "http_req_waiting",
+    "http_reqs",
+    "dropped_iterations",
+    "iterations",
+)
+# k6 exit codes that still mean "ran": 99 is failed thresholds, which the script does not set.
+K6_RAN: Final = (0, 99)
 
 _SCRIPT = r"""
 import http from 'k6/http';
@@ -43,7 +73,7 @@ const fillers = new SharedArray('fillers', () => JSON.parse(open(__ENV.ZL_FILLER
 const H = CFG.headers;
 
 export const options = {
-  insecureSkipTLSVerify: true,
+  insecureSkipTLSVerify: CFG.insecure_skip_tls_verify,
   discardResponseBodies: false,
   summaryTrendStats: ['avg', 'min', 'med', 'max', 'p(90)', 'p(95)', 'p(99)', 'p(99.9)'],
   scenarios: {
@@ -76,7 +106,8 @@ export default function () {
   const prompt = (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
   const body = JSON.stringify(
     { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed });
-  const res = http.post(CFG.url, body, { headers: headers, timeout: p.timeout_ms + 'ms' });
+  const res = http.post(
+    p.url + '/v1/completions', body, { headers: headers, timeout: p.timeout_ms + 'ms' });
   const end = Date.now();
   const text = typeof res.body === 'string' ? res.body : '';
   const usage = text.lastIndexOf('"completion_tokens":');
@@ -92,7 +123,7 @@ export default function () {
   }
   const t = res.timings;
   console.log(JSON.stringify({
-    i: i, start: exec.scenario.startTime, dispatch: dispatch, end: end,
+    i: i, url: p.url, start: exec.scenario.startTime, dispatch: dispatch, end: end,
     sending: t.sending, waiting: t.waiting, receiving: t.receiving,
     status: res.status, proto: res.proto, zl_error: res.headers[H.error_canonical] || '',
     sse_error: sseError, error_code: res.error_code, tokens: tokens,
@@ -112,25 +143,60 @@ def _canonical(name: str) -> str:
     return "-".join(part.capitalize() for part in name.split("-"))
 
 
+@dataclass(frozen=True)
+class TlsTrust:
+    """How k6 checks the replicas' certificates: the run's CA file, or (loopback only) not at all.
+
+    ``label`` is what the result records; plaintext URLs need neither.
+    """
+
+    ca_file: Path | None = None
+    skip_verify: bool = False
+    label: str = "plaintext"
+
+
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_trust(urls: Sequence[str], ca_file: Path | None) -> TlsTrust:
+    """Trust ``ca_file`` when there is one; with none, skip verification only if every replica
+    is on loopback (a test certificate); otherwise verify against the system's roots."""
+    if not any(u.startswith("https://") for u in urls):
+        return TlsTrust()
+    if ca_file is not None:
+        return TlsTrust(ca_file=ca_file, label=f"verified against the run's CA ({ca_file.name})")
+    if all(_loopback(u) for u in urls):
+        return TlsTrust(skip_verify=True, label="not verified (insecureSkipTLSVerify, loopback)")
+    return TlsTrust(label="verified against the system's roots")
+
+
 def write_inputs(
     schedule: Sequence[PlannedRequest],
+    routes: Sequence[str],
     workdir: Path,
     *,
-    url: str,
     rate: float,
     duration_s: float,
     vus: int,
     grace_s: float,
+    trust: TlsTrust,
 ) -> dict[str, Path]:
-    """The script, the plan and prompt fillers (``base.write_plan``), and the k6 config."""
-    paths = write_plan(schedule, workdir, grace_s)
-    longest_ms = max((round(r.deadline_ms + grace_s * 1000) for r in schedule), default=0)
+    """The script, the plan with each request's replica and prompt fillers (``base.write_plan``),
+    and the k6 config."""
+    paths = write_plan(schedule, routes, workdir, grace_s)
     config: dict[str, Any] = {
-        "url": url.rstrip("/") + "/v1/completions",
         "rate_per_1000s": max(1, round(rate * 1000)),
         "duration_ms": max(1000, math.ceil(duration_s * 1000)),  # k6 minimum: 1 s
         "vus": vus,
-        "graceful_stop_ms": longest_ms + 5000,
+        "graceful_stop_ms": graceful_stop_ms(schedule, grace_s),
+        "insecure_skip_tls_verify": trust.skip_verify,
         "headers": {
             "session": contract.SESSION,
             "tenant": contract.TENANT,
@@ -148,12 +214,21 @@ def write_inputs(
     return paths
 
 
+def graceful_stop_ms(schedule: Sequence[PlannedRequest], grace_s: float) -> int:
+    """How long k6 lets iterations finish after the scenario: the longest request, plus 5 s."""
+    return max((round(r.deadline_ms + grace_s * 1000) for r in schedule), default=0) + 5000
+
+
 def record_from_line(
     line: dict[str, Any], req: PlannedRequest, stack: str, profile: str, period_ms: float
 ) -> RequestRecord:
-    """One k6 console line (times in epoch ms, durations in float ms) as a RequestRecord."""
+    """One k6 console line (times in epoch ms, durations in float ms) as a RequestRecord.
+
+    k6 reads a response whole, so the record has no chunk times (no ITL samples) and its
+    first-token time is the first byte's (``LoadResult.ttft_is_first_byte``)."""
     intended_ms = line["start"] + req.index * period_ms
     rec = new_record(req, stack, profile, "k6", round(intended_ms * NS_PER_MS))
+    rec.replica = str(line.get("url", ""))
     end = int(line["end"]) * NS_PER_MS
     on_wire = round((line["sending"] + line["waiting"] + line["receiving"]) * NS_PER_MS)
     rec.dispatch_ns = int(line["dispatch"]) * NS_PER_MS
@@ -227,8 +302,8 @@ def parse_run(
 
 def run_k6(
     schedule: Sequence[PlannedRequest],
+    routes: Sequence[str],
     *,
-    url: str,
     stack: str,
     profile: str,
     rate: float,
@@ -239,16 +314,58 @@ def run_k6(
     grace_s: float = DEFAULT_GRACE_S,
     process: str = "constant",
     lag_fraction: float | None = None,
+    trust: TlsTrust | None = None,
 ) -> LoadResult:
-    """Run k6 against ``url`` (https:// for HTTP/2) and return records and summary.
+    """Run k6 with request ``i`` sent to ``routes[i]`` (https:// for HTTP/2) and summarise it.
 
     Bounded: k6 stops the scenario at ``duration_s`` plus its graceful stop (the longest
     deadline plus grace plus 5 s), and the subprocess is killed past that with a margin.
     """
     workdir = Path(workdir)
+    trust = trust if trust is not None else tls_trust(routes, None)
     paths = write_inputs(
-        schedule, workdir, url=url, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s
+        schedule, routes, workdir, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s,
+        trust=trust,
+    )  # fmt: skip
+    limit_s = duration_s + graceful_stop_ms(schedule, grace_s) / 1000.0 + 30.0
+    logged, metrics = _run_process(paths, workdir, trust, limit_s)
+    records, dropped = parse_run(schedule, logged, stack, profile, rate)
+    with JsonlWriter(records_path) as writer:
+        for rec in records:
+            writer.write(rec)
+    protocols = sorted({str(msg["proto"]) for msg in logged if msg.get("proto")})
+    reasons = []
+    if dropped:
+        reasons.append(f"k6 dropped {dropped} iterations: too few VUs or a saturated loader")
+    return make_result(
+        "k6",
+        stack,
+        profile,
+        Path(records_path),
+        records,
+        extra_reasons=reasons,
+        extra={
+            "k6_summary": {name: metrics[name] for name in K6_SUMMARY_METRICS if name in metrics},
+            "dropped_iterations": dropped,
+            "arrival": "constant",
+            "arrival_requested": process,
+            "protocols": protocols,
+            "lag_resolution_ms": 1.0,
+            "ttft": "time to first byte (k6 reads responses whole)",
+            "tls_verification": trust.label,
+            "vus": vus,
+            "per_replica": replica_counts(records),
+        },
+        protocol=",".join(wire_protocol(p) for p in protocols) or "unknown",
+        ttft_is_first_byte=True,
+        lag_fraction=lag_fraction,
     )
+
+
+def _run_process(
+    paths: Mapping[str, Path], workdir: Path, trust: TlsTrust, limit_s: float
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the k6 binary on the written inputs: its per-request lines and its own metrics."""
     console = workdir / "console.jsonl"
     summary_path = workdir / "summary-export.json"
     console.unlink(missing_ok=True)
@@ -259,61 +376,53 @@ def run_k6(
         "ZL_FILLERS": str(paths["fillers"]),
         "K6_NO_USAGE_REPORT": "true",
     }
+    if trust.ca_file is not None:
+        env["SSL_CERT_FILE"] = str(trust.ca_file)  # Go's x509 roots on Linux
     cmd = [
-        k6_binary(),
-        "run",
-        "--quiet",
-        "--no-color",
-        "--log-format=json",
-        f"--console-output={console}",
-        f"--summary-export={summary_path}",
-        str(paths["script"]),
-    ]
-    config = json.loads(paths["config"].read_text())
-    limit_s = duration_s + config["graceful_stop_ms"] / 1000.0 + 30.0
+        k6_binary(), "run", "--quiet", "--no-color", "--log-format=json",
+        f"--console-output={console}", f"--summary-export={summary_path}", str(paths["script"]),
+    ]  # fmt: skip
     proc = subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=limit_s, check=False
     )
-    if proc.returncode not in (0, 99):  # 99: thresholds failed, which we do not set
+    if proc.returncode not in K6_RAN:
         raise RuntimeError(f"k6 failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    logged = console_lines(console)
-    records, dropped = parse_run(schedule, logged, stack, profile, rate)
-    with JsonlWriter(records_path) as writer:
-        for rec in records:
-            writer.write(rec)
-    k6_summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    metrics = k6_summary.get("metrics", {})
-    reasons = []
-    if dropped:
-        reasons.append(f"k6 dropped {dropped} iterations: too few VUs or a saturated loader")
-    kwargs: dict[str, Any] = {} if lag_fraction is None else {"lag_fraction": lag_fraction}
-    result = make_result(
-        "k6",
-        stack,
-        profile,
-        Path(records_path),
-        records,
-        extra_reasons=reasons,
-        extra={
-            "k6_summary": {
-                name: metrics[name]
-                for name in (
-                    "http_req_duration",
-                    "http_req_waiting",
-                    "http_reqs",
-                    "dropped_iterations",
-                    "iterations",
-                )
-                if name in metrics
-            },
-            "dropped_iterations": dropped,
-            "arrival": "constant" if process == "constant" else f"constant (profile: {process})",
-            "protocols": sorted({str(msg.get("proto", "")) for msg in logged}),
-            "lag_resolution_ms": 1.0,
-        },
-        **kwargs,
-    )
-    result.summary["k6_median_http_req_duration_ms"] = metrics.get("http_req_duration", {}).get(
-        "med", 0.0
-    )
-    return result
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return console_lines(console), dict(summary.get("metrics", {}))
+
+
+@dataclass(frozen=True)
+class K6Loader:
+    """k6 over a whole stack: every replica by the SDK's ring, HTTP/2 where the stack is TLS.
+
+    ``vus`` defaults to the profile's connections.
+    """
+
+    name: str = field(default="k6", init=False)
+    vus: int | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    lag_fraction: float | None = None
+
+    def run(
+        self,
+        schedule: Sequence[PlannedRequest],
+        stack: Stack,
+        profile: Profile,
+        records_path: Path,
+        workdir: Path,
+    ) -> LoadResult:
+        return run_k6(
+            schedule,
+            replica_routes(schedule, stack),
+            stack=str(stack.name),
+            profile=profile.name,
+            rate=profile.rate,
+            duration_s=profile.duration_s,
+            workdir=workdir,
+            records_path=records_path,
+            vus=self.vus or profile.connections,
+            grace_s=self.grace_s,
+            process=profile.process,
+            lag_fraction=self.lag_fraction,
+            trust=tls_trust(stack.urls, stack.tls_ca),
+        )

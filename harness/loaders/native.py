@@ -8,11 +8,11 @@ naps, spinning only the last fraction of a millisecond; a dispatcher that is alr
 sleeps nor spins, it sends at once.
 Dispatch minus the intended time is the scheduling lag, recorded per request.
 
-Two ways to send: a sender with a ``submit`` attribute (the zero-layer SDK's callback API, see
-``client_sender``) is called synchronously from the dispatcher and reports back through a
-callback, so a request costs no task, timer or future of the loader's own; any other ``send`` is
-an async callable run in one task per request (engines in-process, the HTTP/1.1 client, tests,
-and any run with ``max_in_flight``).
+Two ways to send (a ``Sender``): its ``submit``, when it has one (the zero-layer SDK's callback
+API, see ``client_sender``), is called synchronously from the dispatcher and reports back through
+a callback, so a request costs no task, timer or future of the loader's own; otherwise its async
+``send`` runs in one task per request (engines in-process, the HTTP/1.1 client, tests, and any
+run with ``max_in_flight``).
 
 Every scheduled request ends as exactly one record: completed, error (with a code), or lost (no
 answer by deadline + grace); records are written to JSONL as requests end, in small batches (at
@@ -24,6 +24,10 @@ show up as scheduling lag (a bounded run's garbage is collected afterwards).
 
 The loader's own CPU time, less the idle turns of its spin, is reported per request in the
 result's ``extra`` (``loader_cpu_us_per_request``), so its cost can be compared across versions.
+
+``NativeLoader`` is the ``harness.loaders.Loader`` over a whole stack: its client comes from
+``Stack.open_client`` (HTTP/2 through the SDK's ring to every zero-layer replica, HTTP/1.1 to the
+baseline's front door).
 """
 
 from __future__ import annotations
@@ -33,15 +37,31 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from harness.loaders.base import DEFAULT_GRACE_S, LoadResult, RequestFailed, make_result, new_record
+import uvloop
+
+from harness.loaders.base import (
+    DEFAULT_GRACE_S,
+    LoadResult,
+    RequestFailed,
+    make_result,
+    new_record,
+    replica_counts,
+    wire_protocol,
+)
 from harness.metrics import LAG_FRACTION_OF_MEDIAN
-from harness.schema import JsonlWriter, RequestRecord
+from harness.schema import JsonlWriter, Outcome, RequestRecord
 from harness.workload import PlannedRequest
+from zerolayer.client import Http1Client, Timing, ZeroLayerClient, ZeroLayerError
 from zerolayer.engine import Engine, EngineError, EngineRequest
+
+if TYPE_CHECKING:
+    from harness.profile import Profile
+    from harness.stacks import Stack
 
 SendFn = Callable[[PlannedRequest, RequestRecord], Awaitable[None]]
 # submit(request, record, done): start the request now; done(record) once it has ended.
@@ -143,9 +163,184 @@ async def wait_until(target_ns: int, spin_ns: int = int(SPIN_S * 1e9)) -> int:
     return idle
 
 
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """How ``run_schedule`` starts a request: ``send`` (async, one task per request) and, where
+    the client has a callback API, ``submit`` (called synchronously, no task of our own)."""
+
+    send: SendFn
+    submit: SubmitFn | None = None
+
+
+def _longest_s(schedule: Sequence[PlannedRequest], slack_s: float) -> float:
+    """The longest any one request may take: its deadline plus the slack after it."""
+    return max((r.deadline_ms for r in schedule), default=0) / 1000.0 + slack_s
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No collections during the run: a full one stalls the loop for milliseconds (lag)."""
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+class _Dispatcher:
+    """One run's requests from dispatch to record: each ends as exactly one record.
+
+    Submitted requests (callback API) are keyed by their record until their callback; requests
+    sent in a task of their own are those tasks. ``all_ended`` resolves once dispatching is over
+    and the last submitted request has called back.
+    """
+
+    __slots__ = ("all_ended", "dispatching", "done_callback", "in_flight", "loader", "loop",
+                 "perf0", "profile", "records", "send", "slack_s", "slots", "spun_ns", "stack",
+                 "start_ns", "submit", "submitted", "wall0")  # fmt: skip
+
+    def __init__(
+        self,
+        sender: Sender,
+        records: _Records,
+        labels: tuple[str, str, str],
+        slack_s: float,
+        max_in_flight: int | None,
+    ) -> None:
+        self.records = records
+        self.stack, self.profile, self.loader = labels
+        self.slack_s = slack_s
+        self.send = sender.send
+        self.slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self.submit = sender.submit if self.slots is None else None
+        self.loop = asyncio.get_running_loop()
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.submitted: dict[int, RequestRecord] = {}
+        self.all_ended: asyncio.Future[None] = self.loop.create_future()
+        self.dispatching = True
+        self.wall0, self.perf0 = time.time_ns(), time.perf_counter_ns()
+        self.start_ns = self.perf0 + int(START_DELAY_S * 1e9)
+        self.spun_ns = 0
+        self.done_callback = self.ended  # bound once: submit hands it over per request
+
+    @property
+    def open_count(self) -> int:
+        return len(self.in_flight) + len(self.submitted)
+
+    async def dispatch_all(self, schedule: Sequence[PlannedRequest], spin_ns: int) -> None:
+        """Send each request at its intended time; flush records only while there is time."""
+        perf = time.perf_counter_ns
+        records, start, dispatch = self.records, self.start_ns, self.dispatch
+        for req in schedule:
+            target = start + int(req.offset_s * 1e9)
+            if target - perf() > FLUSH_AHEAD_NS and records.pending:
+                records.flush()
+            self.spun_ns += await wait_until(target, spin_ns)
+            dispatch(req, target)
+        self.dispatching = False
+
+    def dispatch(self, req: PlannedRequest, target_ns: int) -> None:
+        wall0, perf0 = self.wall0, self.perf0
+        rec = new_record(req, self.stack, self.profile, self.loader, wall0 + (target_ns - perf0))
+        rec.dispatch_ns = wall0 + (time.perf_counter_ns() - perf0)
+        submit = self.submit
+        if submit is None:
+            task = self.loop.create_task(self.one(req, rec))
+            self.in_flight.add(task)
+            task.add_done_callback(self.in_flight.discard)
+            return
+        self.submitted[id(rec)] = rec
+        try:
+            submit(req, rec, self.done_callback)
+        except Exception as exc:  # a request the client refused to start (bad arguments)
+            rec.outcome, rec.error_code = "error", _exception_code(exc)
+            self.ended(rec)
+
+    def ended(self, rec: RequestRecord) -> None:
+        """A submitted request's callback: record it once (late calls after the end are ignored)."""
+        submitted = self.submitted
+        if submitted.pop(id(rec), None) is None:
+            return
+        self.records.add(rec)
+        if not submitted and not self.dispatching and not self.all_ended.done():
+            self.all_ended.set_result(None)
+
+    async def one(self, req: PlannedRequest, rec: RequestRecord) -> None:
+        """One request in a task of its own, bounded by its deadline plus the slack."""
+        got_slot = self.slots is None
+        try:
+            async with asyncio.timeout(req.deadline_ms / 1000.0 + self.slack_s):
+                if self.slots is None:
+                    await self.send(req, rec)
+                else:
+                    async with self.slots:
+                        got_slot = True
+                        await self.send(req, rec)
+        except TimeoutError:
+            if got_slot:
+                rec.outcome = "lost"
+            else:
+                rec.outcome, rec.error_code = "error", NOT_SENT
+        except RequestFailed as exc:
+            rec.outcome, rec.error_code, rec.http_status = "error", exc.code, exc.status
+        except asyncio.CancelledError:
+            rec.outcome = "lost"
+        except Exception as exc:  # every request must end as exactly one record
+            rec.outcome, rec.error_code = "error", _exception_code(exc)
+        finally:
+            self.records.add(rec)
+
+    async def wait_for_answers(self, bound_s: float) -> None:
+        """Wait up to ``bound_s`` for what is still open; tasks still running are cancelled."""
+        if self.submitted:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.all_ended), bound_s)
+        if self.in_flight:
+            _, pending = await asyncio.wait(set(self.in_flight), timeout=bound_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        """End what is left as lost (cancelled tasks record themselves) and write the records."""
+        self.dispatching = False
+        for task in self.in_flight:
+            task.cancel()
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight))
+        for rec in list(self.submitted.values()):  # no answer, not even the client's own timeout
+            self.submitted.pop(id(rec))
+            rec.outcome = "lost"
+            self.records.add(rec)
+        self.records.close()
+
+
+async def _report_progress(
+    run: _Dispatcher, total: int, every_s: float, progress: TextIO | None
+) -> None:
+    """A line every ``every_s`` on a long run: how many ended, failed and are still open."""
+    while True:
+        await asyncio.sleep(every_s)
+        done = run.records.all
+        lost = sum(1 for r in done if r.outcome == "lost")
+        errors = sum(1 for r in done if r.outcome == "error")
+        elapsed = (time.perf_counter_ns() - run.start_ns) / 1e9
+        print(
+            f"[{run.loader}] {run.stack}/{run.profile} t={elapsed:.0f}s ended {len(done)}/{total} "
+            f"errors {errors} lost {lost} in flight {run.open_count}",
+            file=progress,
+            flush=True,
+        )
+
+
 async def run_schedule(
     schedule: Sequence[PlannedRequest],
-    send: SendFn,
+    send: SendFn | Sender,
     *,
     stack: str,
     profile: str,
@@ -162,149 +357,51 @@ async def run_schedule(
 ) -> LoadResult:
     """Send ``schedule`` open-loop through ``send`` and return the summarised result.
 
-    ``send`` fills the record (sent_ns, first_token_ns, chunk_ns, end_ns, output_tokens,
-    outcome...) and raises RequestFailed for an explicit error; any other exception becomes an
-    error with a client code, and no answer within the deadline plus ``grace_s`` is lost (the
-    loader's own backstop fires ``backstop_s`` later, so a client's own timeout gets there first).
-    A ``send.submit`` (see ``SubmitFn``) is used instead when there is one and no
+    ``send`` (a ``SendFn``, or a ``Sender``) fills the record (sent_ns, first_token_ns, chunk_ns,
+    end_ns, output_tokens, outcome...) and raises RequestFailed for an explicit error; any other
+    exception becomes an error with a client code, and no answer within the deadline plus
+    ``grace_s`` is lost (the loader's own backstop fires ``backstop_s`` later, so a client's own
+    timeout gets there first). A Sender's ``submit`` is used instead when there is one and no
     ``max_in_flight``; its client's own timeout ends each request, and any request still without
     an answer once the run's time bound has passed is recorded as lost. ``max_in_flight``
     bounds concurrent requests like wrk2's connection count: a request due while every slot is
     busy waits for one (its wait shows as client queue, sent - intended, and counts against its
     deadline; one that never got a slot ends as error ``not_sent``).
     """
-    records = _Records(Path(records_path))
-    in_flight: set[asyncio.Task[None]] = set()
-    submitted: dict[int, RequestRecord] = {}
-    perf = time.perf_counter_ns
-    wall0, perf0 = time.time_ns(), perf()
-    start = perf0 + int(START_DELAY_S * 1e9)
-    spin_ns = int(spin_s * 1e9)
-    slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
-    submit: SubmitFn | None = getattr(send, "submit", None) if slots is None else None
-    loop = asyncio.get_running_loop()
-    all_ended = loop.create_future()
-    dispatching = True
-
-    async def one(req: PlannedRequest, rec: RequestRecord) -> None:
-        got_slot = slots is None
-        try:
-            async with asyncio.timeout(req.deadline_ms / 1000.0 + grace_s + backstop_s):
-                if slots is None:
-                    await send(req, rec)
-                else:
-                    async with slots:
-                        got_slot = True
-                        await send(req, rec)
-        except TimeoutError:
-            if got_slot:
-                rec.outcome = "lost"
-            else:
-                rec.outcome, rec.error_code = "error", NOT_SENT
-        except RequestFailed as exc:
-            rec.outcome, rec.error_code, rec.http_status = "error", exc.code, exc.status
-        except asyncio.CancelledError:
-            rec.outcome = "lost"
-        except Exception as exc:  # every request must end as exactly one record
-            rec.outcome, rec.error_code = "error", _exception_code(exc)
-        finally:
-            records.add(rec)
-
-    def ended(rec: RequestRecord) -> None:
-        """A submitted request's callback: record it once (late calls after the end are ignored)."""
-        if submitted.pop(id(rec), None) is None:
-            return
-        records.add(rec)
-        if not submitted and not dispatching and not all_ended.done():
-            all_ended.set_result(None)
-
-    def dispatch(req: PlannedRequest, target_ns: int) -> None:
-        rec = new_record(req, stack, profile, loader, wall0 + (target_ns - perf0))
-        rec.dispatch_ns = wall0 + (perf() - perf0)
-        if submit is None:
-            task = loop.create_task(one(req, rec))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-            return
-        submitted[id(rec)] = rec
-        try:
-            submit(req, rec, ended)
-        except Exception as exc:  # a request the client refused to start (bad arguments)
-            rec.outcome, rec.error_code = "error", _exception_code(exc)
-            ended(rec)
-
-    async def report() -> None:
-        while True:
-            await asyncio.sleep(progress_every_s)
-            done = records.all
-            lost = sum(1 for r in done if r.outcome == "lost")
-            errors = sum(1 for r in done if r.outcome == "error")
-            elapsed = (perf() - start) / 1e9
-            print(
-                f"[{loader}] {stack}/{profile} t={elapsed:.0f}s ended {len(done)}/{len(schedule)} "
-                f"errors {errors} lost {lost} in flight {len(in_flight) + len(submitted)}",
-                file=progress,
-                flush=True,
-            )
-
-    longest_s = max((r.deadline_ms for r in schedule), default=0) / 1000.0 + grace_s + backstop_s
-    span_s = schedule[len(schedule) - 1].offset_s if len(schedule) else 0.0
-    reporter = (
-        asyncio.create_task(report())
-        if progress is not None and span_s + longest_s > progress_every_s
-        else None
+    sender = send if isinstance(send, Sender) else Sender(send)
+    slack_s = grace_s + backstop_s
+    run = _Dispatcher(
+        sender, _Records(Path(records_path)), (stack, profile, loader), slack_s, max_in_flight
     )
-    gc_was_enabled = gc.isenabled()
-    gc.freeze()
-    gc.disable()
-    spun = 0
-    cpu0 = time.process_time_ns()
-    try:
-        for req in schedule:
-            target = start + int(req.offset_s * 1e9)
-            if target - perf() > FLUSH_AHEAD_NS and records.pending:
-                records.flush()  # while there is time before the next send
-            spun += await wait_until(target, spin_ns)
-            dispatch(req, target)
-        dispatching = False
-        if submitted:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(all_ended), longest_s + 1.0)
-        if in_flight:
-            _, pending = await asyncio.wait(set(in_flight), timeout=longest_s + 1.0)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-    finally:
-        dispatching = False
-        cpu_ns = time.process_time_ns() - cpu0
-        for task in in_flight:
-            task.cancel()
-        if in_flight:
-            await asyncio.wait(set(in_flight))
-        for rec in list(submitted.values()):  # no answer, not even the client's own timeout
-            submitted.pop(id(rec))
-            rec.outcome = "lost"
-            records.add(rec)
-        if reporter is not None:
-            reporter.cancel()
-        records.close()
-        gc.unfreeze()
-        if gc_was_enabled:
-            gc.enable()
+    longest_s = _longest_s(schedule, slack_s)
+    span_s = schedule[len(schedule) - 1].offset_s if len(schedule) else 0.0
+    reporter = None
+    if progress is not None and span_s + longest_s > progress_every_s:
+        reporter = asyncio.create_task(
+            _report_progress(run, len(schedule), progress_every_s, progress)
+        )
+    with _gc_paused():
+        cpu0 = time.process_time_ns()
+        try:
+            await run.dispatch_all(schedule, int(spin_s * 1e9))
+            await run.wait_for_answers(longest_s + 1.0)
+        finally:
+            cpu_ns = time.process_time_ns() - cpu0
+            await run.close()
+            if reporter is not None:
+                reporter.cancel()
     return make_result(
         loader,
         stack,
         profile,
         Path(records_path),
-        records.all,
+        run.records.all,
         slos_ms=slos_ms,
         lag_fraction=lag_fraction,
         extra={
             "scheduled": len(schedule),
-            "loader_cpu_us_per_request": (cpu_ns - spun) / 1e3 / max(1, len(schedule)),
-            "spin_s": spun / 1e9,
+            "loader_cpu_us_per_request": (cpu_ns - run.spun_ns) / 1e3 / max(1, len(schedule)),
+            "spin_s": run.spun_ns / 1e9,
         },
     )
 
@@ -332,22 +429,15 @@ def engine_sender(engine: Engine) -> SendFn:
     return send
 
 
-class _Timing(Protocol):
-    sent_ns: int
-    first_token_ns: int
-    end_ns: int
-    chunk_ns: list[int]
-    status: int
-    error_code: str
-    retries: int
-    replica: str
-    output_tokens: int
-
-    @property
-    def outcome(self) -> str: ...
+# The SDK's outcome names are the schema's; this checks them (a KeyError names a new one).
+_OUTCOMES: Final[Mapping[str, Outcome]] = {
+    "completed": "completed",
+    "error": "error",
+    "lost": "lost",
+}
 
 
-def copy_timing(timing: _Timing, rec: RequestRecord, tokens: int) -> None:
+def copy_timing(timing: Timing, rec: RequestRecord, tokens: int) -> None:
     """Move an SDK timing record into our RequestRecord (the SDK and the schema share names)."""
     rec.sent_ns = timing.sent_ns
     rec.first_token_ns = timing.first_token_ns
@@ -358,18 +448,17 @@ def copy_timing(timing: _Timing, rec: RequestRecord, tokens: int) -> None:
     rec.replica = timing.replica
     rec.output_tokens = timing.output_tokens or tokens
     rec.error_code = timing.error_code
-    rec.outcome = timing.outcome  # type: ignore[assignment]
+    rec.outcome = _OUTCOMES[timing.outcome]
 
 
-def client_sender(client: Any) -> SendFn:
+def client_sender(client: ZeroLayerClient | Http1Client) -> Sender:
     """Send through a zero-layer client (``ZeroLayerClient`` over HTTP/2 or ``Http1Client``).
 
     Both clients expose ``stream(prompt=..., ...)`` with a ``timing`` record and raise
-    ``ZeroLayerError`` (which carries the timing) when a request does not complete. A client with
-    the callback API (``ZeroLayerClient.submit``) also gets a ``submit`` on the returned sender,
-    which ``run_schedule`` prefers: no task per request.
+    ``ZeroLayerError`` (which carries the timing) when a request does not complete. The SDK's
+    callback API (``ZeroLayerClient.submit``) becomes the Sender's ``submit``, which
+    ``run_schedule`` prefers: no task per request.
     """
-    from zerolayer.client import ZeroLayerError
 
     async def send(req: PlannedRequest, rec: RequestRecord) -> None:
         stream = client.stream(
@@ -390,67 +479,74 @@ def client_sender(client: Any) -> SendFn:
             pass
         copy_timing(stream.timing, rec, tokens)
 
-    client_submit = getattr(client, "submit", None)
-    if client_submit is not None:
+    if not isinstance(client, ZeroLayerClient):
+        return Sender(send)
+    client_submit = client.submit
 
-        def submit(
-            req: PlannedRequest, rec: RequestRecord, done: Callable[[RequestRecord], None]
-        ) -> None:
-            def on_done(timing: _Timing, tokens: int) -> None:
-                copy_timing(timing, rec, tokens)
-                done(rec)
+    def submit(
+        req: PlannedRequest, rec: RequestRecord, done: Callable[[RequestRecord], None]
+    ) -> None:
+        def on_done(timing: Timing, tokens: int) -> None:
+            copy_timing(timing, rec, tokens)
+            done(rec)
 
-            client_submit(
-                on_done,
-                prompt=req.prompt(),
-                max_tokens=req.max_tokens,
-                session=req.session,
-                tenant=req.tenant,
-                priority=req.priority,
-                deadline_ms=req.deadline_ms,
-                seed=req.seed,
-            )
-
-        send.submit = submit  # type: ignore[attr-defined]
-    return send
-
-
-async def run_native(
-    schedule: Sequence[PlannedRequest],
-    *,
-    urls: Sequence[str],
-    protocol: str = "h2",
-    stack: str,
-    profile: str,
-    records_path: str | Path,
-    grace_s: float = DEFAULT_GRACE_S,
-    progress: TextIO | None = sys.stdout,
-    client_options: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> LoadResult:
-    """Drive a stack over the network: ``h2`` through the zero-layer SDK (routing over every
-    URL), ``http1`` through its HTTP/1.1 keep-alive client (one URL: the baseline's proxy).
-    ``client_options`` go to the client's constructor; ``kwargs`` to ``run_schedule``."""
-    from zerolayer.client import Http1Client, ZeroLayerClient
-
-    options = dict(client_options or {})
-    options.setdefault("grace_ms", int(grace_s * 1000))
-    if protocol == "h2":
-        client: Any = ZeroLayerClient(urls, **options)
-    elif protocol == "http1":
-        if len(urls) != 1:
-            raise ValueError("the HTTP/1.1 loader takes exactly one URL (the front door)")
-        client = Http1Client(urls[0], **options)
-    else:
-        raise ValueError(f"protocol must be h2 or http1, got {protocol!r}")
-    async with client:
-        return await run_schedule(
-            schedule,
-            client_sender(client),
-            stack=stack,
-            profile=profile,
-            records_path=records_path,
-            grace_s=grace_s,
-            progress=progress,
-            **kwargs,
+        client_submit(
+            on_done,
+            prompt=req.prompt(),
+            max_tokens=req.max_tokens,
+            session=req.session,
+            tenant=req.tenant,
+            priority=req.priority,
+            deadline_ms=req.deadline_ms,
+            seed=req.seed,
         )
+
+    return Sender(send, submit)
+
+
+@dataclass(frozen=True)
+class NativeLoader:
+    """The native loader over a whole stack, its client from ``Stack.open_client``.
+
+    ``client_options`` go to ``open_client`` (``grace_ms`` defaults to ``grace_s``); ``None``
+    for ``lag_fraction`` keeps the summary's default rule. The loop is uvloop's, as deployed.
+    """
+
+    name: str = field(default="native", init=False)
+    grace_s: float = DEFAULT_GRACE_S
+    progress: TextIO | None = sys.stdout
+    lag_fraction: float | None = None
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def run(
+        self,
+        schedule: Sequence[PlannedRequest],
+        stack: Stack,
+        profile: Profile,
+        records_path: Path,
+        workdir: Path,
+    ) -> LoadResult:
+        """Drive ``stack`` with ``schedule``; ``workdir`` is unused (nothing to hand a child)."""
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            result = runner.run(self._drive(schedule, stack, profile, records_path))
+        result.protocol = wire_protocol(stack.protocol)
+        result.extra.update(arrival=profile.process, per_replica=replica_counts(result.records))
+        return result
+
+    async def _drive(
+        self, schedule: Sequence[PlannedRequest], stack: Stack, profile: Profile, records: Path
+    ) -> LoadResult:
+        options = {"grace_ms": int(self.grace_s * 1000), **self.client_options}
+        async with stack.open_client(**options) as client:
+            return await run_schedule(
+                schedule,
+                client_sender(client),
+                stack=str(stack.name),
+                profile=profile.name,
+                records_path=records,
+                grace_s=self.grace_s,
+                progress=self.progress,
+                lag_fraction=LAG_FRACTION_OF_MEDIAN
+                if self.lag_fraction is None
+                else self.lag_fraction,
+            )

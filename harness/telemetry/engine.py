@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,11 +110,16 @@ def _last_json_line(path: Path, tail_bytes: int = 8192) -> dict[str, Any]:
     raise ValueError(f"no stats snapshot in {path} yet")
 
 
-def _http_get(url: str, timeout_s: float) -> bytes:
+def _http_get(url: str, timeout_s: float, tls_ca: Path | None = None) -> bytes:
+    """GET over HTTP/1.1; over TLS it trusts ``tls_ca`` (a stack's own certificate) if given."""
     parts = urlsplit(url)
-    https = parts.scheme == "https"
-    conn_cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+    host = parts.hostname or "127.0.0.1"
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        ctx = ssl.create_default_context(cafile=None if tls_ca is None else str(tls_ca))
+        conn = http.client.HTTPSConnection(host, parts.port, timeout=timeout_s, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout_s)
     try:
         conn.request("GET", parts.path or "/")
         resp = conn.getresponse()
@@ -139,11 +145,18 @@ class EngineTarget:
         return cls(name, stack, lambda: stats_row(engine.stats()), "in-process")
 
     @classmethod
-    def metrics(cls, name: str, stack: str, url: str, timeout_s: float = 1.0) -> EngineTarget:
-        """Scrape a Prometheus ``/metrics`` URL."""
+    def metrics(
+        cls,
+        name: str,
+        stack: str,
+        url: str,
+        timeout_s: float = 1.0,
+        tls_ca: Path | None = None,
+    ) -> EngineTarget:
+        """Scrape a Prometheus ``/metrics`` URL (over TLS trusting ``tls_ca`` when given)."""
 
         def read() -> dict[str, Any]:
-            values = parse_prometheus(_http_get(url, timeout_s).decode())
+            values = parse_prometheus(_http_get(url, timeout_s, tls_ca).decode())
             return {key: values[prom] for prom, key in PROMETHEUS_KEYS.items() if prom in values}
 
         return cls(name, stack, read, url)

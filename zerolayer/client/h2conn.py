@@ -62,7 +62,9 @@ class _Collect:
 class H2Connection(asyncio.Protocol):
     """The client end of one HTTP/2 connection; ``request`` starts a stream feeding a sink."""
 
-    def __init__(self, authority: str, scheme: str, on_lost: Callable[[], None] | None = None):
+    def __init__(
+        self, authority: str, scheme: str, on_lost: Callable[[], object] | None = None
+    ) -> None:
         config = h2.config.H2Configuration(
             client_side=True,
             header_encoding=None,
@@ -73,7 +75,7 @@ class H2Connection(asyncio.Protocol):
         self._conn = H2State(config=config)
         self._conn.encoder = LiteralEncoder()  # type: ignore[assignment]
         self._transport: asyncio.Transport | None = None
-        self._streams: dict[int, Any] = {}
+        self._streams: dict[int, Response | _Collect] = {}
         self._pumps: dict[int, memoryview] = {}
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._max_streams = DEFAULT_MAX_STREAMS
@@ -110,7 +112,7 @@ class H2Connection(asyncio.Protocol):
         port: int,
         *,
         tls: ssl.SSLContext | None = None,
-        on_lost: Callable[[], None] | None = None,
+        on_lost: Callable[[], object] | None = None,
     ) -> H2Connection:
         """Open the socket (TLS with ALPN ``h2`` when given a context) and send the preface."""
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -141,7 +143,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self._transport = cast(asyncio.Transport, transport)
+        self._transport = writer = cast(asyncio.Transport, transport)
         conn = self._conn
         conn.local_settings = h2.settings.Settings(
             client=True,
@@ -152,7 +154,7 @@ class H2Connection(asyncio.Protocol):
         )
         conn.initiate_connection()
         conn.increment_flow_control_window(RECV_WINDOW - 65535)
-        transport.write(conn.data_to_send())
+        writer.write(conn.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
@@ -311,7 +313,7 @@ class H2Connection(asyncio.Protocol):
             sink.on_lost(f"cannot open a stream: {exc!r}")
             return 0
         self._streams[sid] = sink
-        sink.cancel = lambda: self.cancel(sid)
+        sink.attach(self, sid)
         size = len(body)
         if size <= conn.max_outbound_frame_size and size <= conn.local_flow_control_window(sid):
             conn.send_data(sid, body, end_stream=True)

@@ -18,7 +18,7 @@ from typing import Unpack, cast
 
 import h11
 
-from zerolayer.client.sdk import split_url
+from zerolayer.client.replica import split_url
 from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, Timing
 from zerolayer.client.wire import Prepared, RequestFields, RequestIssuer, ZeroLayerError
@@ -47,7 +47,7 @@ class H11Connection(asyncio.Protocol):
         conn = self._conn
         self.sink = sink
         self.answered = False
-        sink.cancel = self.close
+        sink.attach(self, 0)
         head = h11.Request(
             method=b"POST", target=req.path, headers=[self._pool.host_header, *req.headers]
         )
@@ -102,6 +102,10 @@ class H11Connection(asyncio.Protocol):
         self.closed = True
         self._lose(f"connection lost: {exc or 'closed by the server'}")
         self._pool.forget(self)
+
+    def cancel(self, stream_id: int) -> None:
+        """HTTP/1.1 has one response per connection at a time: stopping it closes the connection."""
+        self.close()
 
     def close(self) -> None:
         if not self.closed:
@@ -223,7 +227,8 @@ class Http1Client:
             error = resp.error
             if error is None:
                 return resp
+            last = error
             # A kept-alive connection the server had already closed: replay once on a fresh one.
             if not (error.code == CONNECTION_LOST and conn.reused and not conn.answered):
                 raise error
-        raise error
+        raise last

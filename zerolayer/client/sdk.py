@@ -15,12 +15,11 @@ import ssl
 import time
 from collections.abc import Iterable, Iterator
 from typing import Unpack
-from urllib.parse import urlsplit
 
 import orjson
 
-from zerolayer.client.h2conn import H2Connection
-from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, Hysteresis, healthy
+from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, healthy
+from zerolayer.client.replica import Replica, default_tls, split_url, take_attempt
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.submit import OnDone, Submission
@@ -34,60 +33,6 @@ from zerolayer.client.wire import (
 )
 
 _now = time.time_ns
-
-
-def split_url(url: str) -> tuple[str, int, bool]:
-    """(host, port, tls) of an ``http://`` or ``https://`` replica URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"replica URL must be http:// or https://host:port, got {url!r}")
-    tls = parts.scheme == "https"
-    return parts.hostname, parts.port or (443 if tls else 80), tls
-
-
-class Replica:
-    """One replica as the client sees it: its health state and its (lazy) connection."""
-
-    __slots__ = ("_connecting", "conn", "health", "host", "last_health", "port", "tls", "url")
-
-    def __init__(self, url: str, down_after: int, up_after: int) -> None:
-        self.url = url
-        self.host, self.port, self.tls = split_url(url)
-        self.health = Hysteresis(down_after, up_after)
-        self.conn: H2Connection | None = None
-        self.last_health: dict[str, object] | None = None
-        self._connecting: asyncio.Task[H2Connection] | None = None
-
-    async def connection(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
-        """The live connection, opening one (shared by concurrent callers) when there is none."""
-        conn = self.conn
-        if conn is not None and conn.usable:
-            return conn
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect(tls, timeout))
-        task = self._connecting
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done() and self._connecting is task:
-                self._connecting = None
-
-    async def _connect(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
-        conn = await asyncio.wait_for(
-            H2Connection.connect(
-                self.host, self.port, tls=tls if self.tls else None, on_lost=self.health.force_down
-            ),
-            timeout,
-        )
-        self.conn = conn
-        return conn
-
-
-def default_tls() -> ssl.SSLContext:
-    """A client TLS context offering ALPN ``h2``; trusts the system CA store."""
-    ctx = ssl.create_default_context()
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
 
 
 class ZeroLayerClient:
@@ -122,7 +67,8 @@ class ZeroLayerClient:
         self.max_retries = max_retries
         self.grace_ms = grace_ms
         self.connect_timeout_s = connect_timeout_s
-        self._tls = (
+        # Used for every https:// replica; None when all are plain http://.
+        self.tls = (
             tls
             if tls is not None
             else (default_tls() if any(r.tls for r in self.replicas.values()) else None)
@@ -159,9 +105,6 @@ class ZeroLayerClient:
     def is_up(self, url: str) -> bool:
         return self.replicas[url].health.up
 
-    def up_replicas(self) -> list[str]:
-        return [url for url, r in self.replicas.items() if r.health.up]
-
     # health
 
     async def _poll_forever(self) -> None:
@@ -179,7 +122,7 @@ class ZeroLayerClient:
 
     async def _poll(self, replica: Replica) -> None:
         try:
-            conn = await replica.connection(self._tls, self.connect_timeout_s)
+            conn = await replica.connection(self.tls, self.connect_timeout_s)
             status, body = await conn.get("/health", self.health_timeout_s)
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None
@@ -245,18 +188,14 @@ class ZeroLayerClient:
         timing = stream.timing
         error: ZeroLayerError | None = None
         for replica in self._candidates(key):
-            if timing.tried:
-                if timing.retries >= self.max_retries:
-                    break
-                timing.retries += 1
-            timing.tried.append(replica.url)
-            timing.replica = replica.url
+            if not take_attempt(timing, replica, self.max_retries):
+                break
             resp = Response(timing, req.chat)
             stream.current = resp
             conn = replica.conn
             if conn is None or not conn.usable:
                 try:
-                    conn = await replica.connection(self._tls, self.connect_timeout_s)
+                    conn = await replica.connection(self.tls, self.connect_timeout_s)
                 except (OSError, TimeoutError) as exc:
                     replica.health.force_down()
                     error = ZeroLayerError(CONNECTION_LOST, f"{replica.url}: {exc}", retryable=True)
@@ -280,3 +219,6 @@ class ZeroLayerClient:
         if error is None:
             error = ZeroLayerError(NO_REPLICA, "no replica is up")
         raise error
+
+
+__all__ = ["Replica", "ZeroLayerClient", "default_tls", "split_url"]

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -35,16 +35,23 @@ _loads = orjson.loads
 H2_REFUSED_STREAM = 7
 
 
+class Carrier(Protocol):
+    """The connection a response arrives on, which can stop it (HTTP/2: RST_STREAM CANCEL)."""
+
+    def cancel(self, stream_id: int) -> None: ...
+
+
 class Response:
     """The sink for one attempt: fed by a connection, read by one ``Stream``."""
 
     __slots__ = (
         "_body",
+        "_carrier",
         "_parser",
         "_retry_after",
+        "_stream_id",
         "_waiter",
         "_zl_error",
-        "cancel",
         "chat",
         "chunks",
         "committed",
@@ -67,13 +74,26 @@ class Response:
         self.done = False
         self.committed = False
         self.error: ZeroLayerError | None = None
-        self.cancel: Callable[[], None] | None = None
+        self._carrier: Carrier | None = None
+        self._stream_id = 0
         self.tokens = 0
         self._parser = SSEParser()
         self._body: bytearray | None = None
         self._zl_error = ""
         self._retry_after: str | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    def attach(self, carrier: Carrier, stream_id: int) -> None:
+        """The connection (and its stream) this response now arrives on, for :meth:`cancel`."""
+        self._carrier = carrier
+        self._stream_id = stream_id
+
+    def cancel(self) -> None:
+        """Ask the connection to stop sending this response; once, and only if it was sent."""
+        carrier = self._carrier
+        if carrier is not None:
+            self._carrier = None
+            carrier.cancel(self._stream_id)
 
     def _wake(self) -> None:
         notify = self.notify
@@ -244,8 +264,7 @@ class Stream:
         resp = self.current
         if resp is not None and not resp.done:
             resp.fail(ZeroLayerError(CLIENT_TIMEOUT, f"no answer within {self._timeout_s:.3f} s"))
-            if resp.cancel is not None:
-                resp.cancel()
+            resp.cancel()
 
     async def __aenter__(self) -> Stream:
         self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._on_timeout)
@@ -263,8 +282,7 @@ class Stream:
         resp = self._resp
         if resp is not None and not resp.done:
             resp.fail(ZeroLayerError("cancelled", "the caller left the stream early"))
-            if resp.cancel is not None:
-                resp.cancel()
+            resp.cancel()
             self._end(resp.error)
         elif self._timer is not None:
             self._end(resp.error if resp is not None else None)

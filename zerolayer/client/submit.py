@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from zerolayer.client.h2conn import H2Connection
+from zerolayer.client.replica import Replica, take_attempt
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
 from zerolayer.client.wire import MARK_DOWN, Prepared, ZeroLayerError
 
-if TYPE_CHECKING:
-    from zerolayer.client.h2conn import H2Connection
-    from zerolayer.client.sdk import Replica, ZeroLayerClient
-
 OnDone = Callable[[Timing, int], None]
+
+
+class Router(Protocol):
+    """What a submission needs of its client (``ZeroLayerClient``): retry budget and TLS."""
+
+    max_retries: int
+    connect_timeout_s: float
+    tls: ssl.SSLContext | None
+    # Tasks of submissions that had to wait for a connection or a stream slot.
+    background: set[asyncio.Future[None]]
+
 
 log = logging.getLogger("zerolayer.client")
 _now = time.time_ns
@@ -39,7 +49,7 @@ class Submission:
 
     def __init__(
         self,
-        client: ZeroLayerClient,
+        client: Router,
         req: Prepared,
         candidates: Iterator[Replica],
         timing: Timing,
@@ -67,12 +77,8 @@ class Submission:
         timing = self.timing
         client = self._client
         for replica in self._candidates:
-            if timing.tried:
-                if timing.retries >= client.max_retries:
-                    break
-                timing.retries += 1
-            timing.tried.append(replica.url)
-            timing.replica = replica.url
+            if not take_attempt(timing, replica, client.max_retries):
+                break
             self._replica = replica
             conn = replica.conn
             if conn is not None and conn.usable and conn.has_slot:
@@ -98,7 +104,7 @@ class Submission:
         """The slow path: open the connection, or wait for a stream slot, then send."""
         client = self._client
         try:
-            conn = await replica.connection(client._tls, client.connect_timeout_s)
+            conn = await replica.connection(client.tls, client.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
             replica.health.force_down()
             self._error = ZeroLayerError(CONNECTION_LOST, f"{replica.url}: {exc}", retryable=True)
@@ -134,8 +140,7 @@ class Submission:
         resp = self._resp
         if resp is not None and not resp.done:
             resp.fail(error)
-            if resp.cancel is not None:
-                resp.cancel()
+            resp.cancel()
         self._end(error)
 
     def _end(self, error: ZeroLayerError | None) -> None:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Required, TypedDict
 
 import orjson
 
+from zerolayer.client.timing import Timing
 from zerolayer.wire import contract
 from zerolayer.wire.tokens import count_prompt_tokens
 
@@ -50,7 +51,7 @@ class ZeroLayerError(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after_ms = retry_after_ms
-        self.timing: Any = None
+        self.timing: Timing | None = None  # set when the request ends, for the caller
 
 
 def server_error(status: int, code: str, body: bytes, retry_after: str | None) -> ZeroLayerError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerolayer.engine.null import NullEngine
+from zerolayer.engine.options import ENGINES, validate_engine_options
 from zerolayer.engine.sim import SimConfig, SimEngine
 from zerolayer.engine.types import (
     Engine,
@@ -17,8 +18,6 @@ from zerolayer.engine.types import (
     EngineStats,
     TokenChunk,
 )
-
-ENGINES = ("sim", "null", "torch", "vllm")
 
 __all__ = [
     "ENGINES",
@@ -38,13 +37,12 @@ def make_engine(name: str, **options: Any) -> Engine:
     """Build an engine by name; options go to its config (for ``sim``: SimConfig's fields).
 
     ``torch`` and ``vllm`` are imported only when asked for, so importing zerolayer never
-    imports torch or vllm.
+    imports torch or vllm. Raises ValueError for an unknown engine or a bad option.
     """
+    options = validate_engine_options(name, options)
     if name == "sim":
         return SimEngine(SimConfig(**options))
     if name == "null":
-        if options:
-            raise ValueError(f"the null engine takes no options, got {sorted(options)}")
         return NullEngine()
     if name == "torch":
         from zerolayer.engine.torch_engine import TorchEngine, TorchEngineConfig
@@ -54,4 +52,4 @@ def make_engine(name: str, **options: Any) -> Engine:
         from zerolayer.engine.vllm_engine import VllmEngine, VllmEngineConfig
 
         return VllmEngine(VllmEngineConfig(**options))
-    raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+    raise AssertionError(f"validate_engine_options let engine {name!r} through")

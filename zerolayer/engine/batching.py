@@ -16,9 +16,9 @@ import contextlib
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from zerolayer.engine.kv import KVBlockManager
+from zerolayer.engine.kv import KVBlockManager, blocks_for
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 
@@ -70,6 +70,16 @@ class Sequence:
 
 
 S = TypeVar("S", bound=Sequence)
+
+
+class Waiting(NamedTuple, Generic[S]):
+    """A waiting sequence's place in line: most urgent class (lowest number) first, then arrival."""
+
+    priority: int
+    arrival: int
+    seq: S
+
+
 Plan = list[tuple[S, int]]
 
 
@@ -102,7 +112,7 @@ class ContinuousBatcher(Generic[S]):
         self._kick = kick
         self._on_release = on_release
         self.running: list[S] = []
-        self.waiting: list[tuple[int, int, S]] = []
+        self.waiting: list[Waiting[S]] = []
         self.seqs: dict[str, S] = {}
         self._arrivals = itertools.count()
         self.waiting_prefill = 0
@@ -125,7 +135,7 @@ class ContinuousBatcher(Generic[S]):
                 f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} tokens exceeds "
                 f"max_model_len {self.max_model_len}",
             )
-        if self.kv.blocks_for(total) > self.kv.num_blocks:
+        if blocks_for(total, self.kv.block_size) > self.kv.num_blocks:
             raise EngineError(
                 "prompt_too_long",
                 f"{total} tokens need more KV blocks than the engine has ({self.kv.num_blocks})",
@@ -219,7 +229,7 @@ class ContinuousBatcher(Generic[S]):
             self.waiting_prefill -= seq.needs()
 
     def _enqueue(self, seq: S) -> None:
-        heapq.heappush(self.waiting, (seq.priority, seq.arrival, seq))
+        heapq.heappush(self.waiting, Waiting(seq.priority, seq.arrival, seq))
         self.waiting_prefill += seq.needs()
 
     # -- planning (no time in here) -----------------------------------------------------------
@@ -271,7 +281,7 @@ class ContinuousBatcher(Generic[S]):
         waiting = self.waiting
         seqs = self.seqs
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = waiting[0][2]
+            seq = waiting[0].seq
             if seq.finish_reason is not None or seqs.get(seq.id) is not seq:
                 heapq.heappop(waiting)
                 continue

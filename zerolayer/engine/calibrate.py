@@ -1,6 +1,7 @@
 """Measure a real engine's step times and write them as a profile the sim engine loads.
 
-    python -m zerolayer.engine.calibrate --engine torch --model-shape tiny --device cpu --out P
+    zl-bench calibrate --engine torch --engine-option model_shape=tiny \
+        --engine-option device=cpu --out P
 
 Decode steps are timed over a grid of batch x context, prefill over lengths (batch 1), each the
 median of ``--repeats`` runs after ``--warmup``, through the torch engine's own step runner (CUDA
@@ -9,6 +10,9 @@ The output has the shared profile's format (``models.<name>.{params, weight_byte
 kv_bytes_per_token, decode_step_graph_ms, prefill_graph_ms}``); an existing file at ``--out``
 keeps its other models, so one file can hold several. Then ``SimConfig(profile_path=P,
 model_shape=name)`` runs the sim on this machine's timings.
+
+This module has no program of its own: ``zl-bench calibrate`` calls :func:`add_arguments` and
+:func:`run_command`, which raises ValueError for bad input.
 """
 
 from __future__ import annotations
@@ -18,19 +22,58 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from zerolayer.engine.options import add_engine_option, validate_engine_options
+
+if TYPE_CHECKING:
+    from zerolayer.engine.torch_engine.engine import TorchEngineConfig
+
+MIN_PREFILL_POINTS = 3
 
 
-def _ints(text: str) -> list[int]:
-    values = sorted({int(v) for v in text.split(",") if v.strip()})
+def _ints(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers, sorted, without repeats."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
     if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,4,16, got {text!r}")
+    return tuple(values)
 
 
-def _time_ms(step: Any, warmup: int, repeats: int) -> float:
+@dataclass(frozen=True)
+class Grid:
+    """Where to time steps: decode at every batch x context, prefill at every length."""
+
+    batches: tuple[int, ...] = (1, 4, 16)
+    contexts: tuple[int, ...] = (128, 512, 2048)
+    prefill_lengths: tuple[int, ...] = (128, 512, 2048)
+    repeats: int = 5
+    warmup: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "contexts", "prefill_lengths"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} must be positive integers, got {values}")
+        if len(set(self.prefill_lengths)) < MIN_PREFILL_POINTS:
+            raise ValueError(
+                f"the sim's prefill model needs at least {MIN_PREFILL_POINTS} prefill lengths, "
+                f"got {len(set(self.prefill_lengths))}"
+            )
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(
+                f"need repeats >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}"
+            )
+
+
+def _time_ms(step: Callable[[], object], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         step()
     samples = []
@@ -41,42 +84,29 @@ def _time_ms(step: Any, warmup: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def calibrate_torch(
-    model_shape: str,
-    device: str,
-    dtype: str,
-    batches: Sequence[int],
-    contexts: Sequence[int],
-    prefill_lengths: Sequence[int],
-    repeats: int = 5,
-    warmup: int = 2,
-    cuda_graphs: bool = True,
-    weights_path: str | None = None,
-    seed: int = 0,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Time the torch engine's steps; returns (the model's profile entry, run metadata)."""
+def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time the torch engine's steps (paged KV, as ``config`` sets the model, device, dtype,
+    weights, seed and CUDA graphs); returns (the model's profile entry, run metadata)."""
     import torch
 
-    from zerolayer.engine.torch_engine.engine import TorchEngineConfig
     from zerolayer.engine.torch_engine.kv_paged import PagedBlockManager, PagedKVPool
     from zerolayer.engine.torch_engine.model import build_model, get_shape
     from zerolayer.engine.torch_engine.runner import ModelRunner
     from zerolayer.engine.torch_engine.step import SeqSlice
 
-    if len(prefill_lengths) < 3:
-        raise ValueError("the sim's prefill model needs at least three prefill lengths")
-    config = TorchEngineConfig(model_shape=model_shape, device=device, dtype=dtype)
-    shape = get_shape(model_shape)
+    batches, contexts, prefill_lengths = grid.batches, grid.contexts, grid.prefill_lengths
+    repeats, warmup = grid.repeats, grid.warmup
+    shape = get_shape(config.model_shape)
     dev = config.torch_device()
     dt = config.torch_dtype(dev)
     block = config.block_size
     longest = max(max(contexts) + 1, max(prefill_lengths))
     width = -(-longest // block)
     num_blocks = max(max(batches) * width, width)
-    model = build_model(shape, longest, dev, dt, seed, weights_path)
+    model = build_model(shape, longest, dev, dt, config.seed, config.weights_path)
     manager = PagedBlockManager(num_blocks, block)
     pool = PagedKVPool(shape, num_blocks, block, dev, dt)
-    runner = ModelRunner(model, pool, max(batches), width, cuda_graphs)
+    runner = ModelRunner(model, pool, max(batches), width, config.cuda_graphs)
 
     def slices_for(count: int, context: int, tokens: int) -> list[SeqSlice]:
         out = []
@@ -97,7 +127,7 @@ def calibrate_torch(
     for b in batches:
         for c in contexts:
             slices = slices_for(b, c, 1)
-            ms = _time_ms(lambda s=slices: runner.execute(s), warmup, repeats)
+            ms = _time_ms(partial(runner.execute, slices), warmup, repeats)
             release(slices)
             decode[f"{b}x{c}"] = {
                 "ms": round(ms, 4),
@@ -107,9 +137,7 @@ def calibrate_torch(
     prefill: dict[str, float] = {}
     for length in prefill_lengths:
         slices = slices_for(1, 0, length)
-        prefill[str(length)] = round(
-            _time_ms(lambda s=slices: runner.execute(s), warmup, repeats), 4
-        )
+        prefill[str(length)] = round(_time_ms(partial(runner.execute, slices), warmup, repeats), 4)
         release(slices)
     entry = {
         "params": shape.params,
@@ -145,44 +173,40 @@ def write_profile(path: Path, name: str, entry: dict[str, Any], meta: dict[str, 
     path.write_text(json.dumps(profile, indent=2, sort_keys=True) + "\n")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m zerolayer.engine.calibrate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench calibrate``'s arguments; engine settings are ``--engine-option`` as everywhere."""
+    grid = Grid()
+    parser.add_argument("--engine", choices=["torch"], default="torch", help="engine to time")
+    add_engine_option(parser)
+    parser.add_argument("--name", help="model name in the profile; unset: the model shape")
+    parser.add_argument("--batches", type=_ints, default=grid.batches, help="decode batch sizes")
+    parser.add_argument("--contexts", type=_ints, default=grid.contexts, help="decode contexts")
+    parser.add_argument(
+        "--prefill", type=_ints, default=grid.prefill_lengths, help="prefill lengths (3 or more)"
     )
-    parser.add_argument("--engine", choices=["torch"], default="torch")
-    parser.add_argument("--model-shape", default="tiny")
-    parser.add_argument("--name", help="model name in the profile (default: the shape name)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--weights", help="local safetensors file or directory")
-    parser.add_argument("--batches", type=_ints, default=[1, 4, 16])
-    parser.add_argument("--contexts", type=_ints, default=[128, 512, 2048])
-    parser.add_argument("--prefill", type=_ints, default=[128, 512, 2048])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--no-cuda-graphs", action="store_true")
-    parser.add_argument("--out", required=True, type=Path)
-    args = parser.parse_args(argv)
-    entry, meta = calibrate_torch(
-        args.model_shape,
-        args.device,
-        args.dtype,
-        args.batches,
-        args.contexts,
-        args.prefill,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        cuda_graphs=not args.no_cuda_graphs,
-        weights_path=args.weights,
-    )
-    name = args.name or args.model_shape
-    write_profile(args.out, name, entry, meta)
+    parser.add_argument("--repeats", type=int, default=grid.repeats, help="timed runs per point")
+    parser.add_argument("--warmup", type=int, default=grid.warmup, help="untimed runs per point")
+    parser.add_argument("--out", required=True, type=Path, help="profile file to write or add to")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Calibrate and write the profile; ValueError for bad input (options, grid, output path)."""
+    options = validate_engine_options(args.engine, dict(args.engine_options))
+    grid = Grid(args.batches, args.contexts, args.prefill, args.repeats, args.warmup)
+    out: Path = args.out
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a profile file name")
+    if out.exists():
+        try:
+            json.loads(out.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--out {out} is not a profile to add to: {exc}") from None
+    from zerolayer.engine.torch_engine.engine import TorchEngineConfig
+
+    config = TorchEngineConfig(**options)
+    entry, meta = calibrate_torch(config, grid)
+    name = args.name or config.model_shape
+    write_profile(out, name, entry, meta)
     points = len(entry["decode_step_graph_ms"]) + len(entry["prefill_graph_ms"])
-    print(f"wrote {name} ({points} points) to {args.out}")
+    print(f"wrote {name} ({points} points) to {out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,6 +6,11 @@ Pure bookkeeping with no time in it, so the no-leak invariant can be property-te
 from __future__ import annotations
 
 
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` tokens needed to hold ``tokens`` tokens (rounded up)."""
+    return -(-tokens // block_size)
+
+
 class KVBlockManager:
     """Hands out block ids from a free list; ``used + free == total`` at all times."""
 
@@ -27,17 +32,10 @@ class KVBlockManager:
     def used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    def blocks_for(self, tokens: int) -> int:
-        """Blocks needed to hold ``tokens`` tokens."""
-        return -(-tokens // self.block_size)
-
     def blocks_needed(self, seq_id: str, new_tokens: int) -> int:
         """Extra blocks ``seq_id`` needs to grow by ``new_tokens``."""
         have = len(self._tables.get(seq_id, ()))
-        return max(0, self.blocks_for(self._tokens.get(seq_id, 0) + new_tokens) - have)
-
-    def can_append(self, seq_id: str, new_tokens: int) -> bool:
-        return self.blocks_needed(seq_id, new_tokens) <= len(self._free)
+        return max(0, blocks_for(self._tokens.get(seq_id, 0) + new_tokens, self.block_size) - have)
 
     def append(self, seq_id: str, new_tokens: int) -> bool:
         """Grow ``seq_id`` by ``new_tokens`` slots (allocating it if new); False if out of blocks.
@@ -81,5 +79,5 @@ class KVBlockManager:
         if self.live_tokens != sum(self._tokens.values()):
             raise AssertionError("live token count drifted")
         for seq, table in self._tables.items():
-            if len(table) != self.blocks_for(self._tokens[seq]):
+            if len(table) != blocks_for(self._tokens[seq], self.block_size):
                 raise AssertionError(f"{seq} holds {len(table)} blocks for {self._tokens[seq]}")

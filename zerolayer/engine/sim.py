@@ -38,6 +38,19 @@ class SimConfig:
     num_kv_blocks: int | None = None
     profile_path: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse settings no engine could run with, before any memory is sized from them."""
+        counts = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
     def kv_blocks(self, weight_bytes: int, kv_bytes_per_token: int) -> int:
         """Blocks that fit in the memory budget after the weights (or the explicit override)."""
         if self.num_kv_blocks is not None:

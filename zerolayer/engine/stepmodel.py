@@ -109,7 +109,3 @@ class StepTimeModel:
         if decode_batch:
             return self.decode_ms(decode_batch, decode_context) + prefill_cost_ms
         return self.shape.prefill_coeffs[0] + prefill_cost_ms if prefill_cost_ms else 0.0
-
-    def decode_tokens_per_s(self, batch: int, context: float) -> float:
-        """Steady-state decode throughput at a batch size: the capacity figure for preflights."""
-        return batch / (self.decode_ms(batch, context) / 1000.0)

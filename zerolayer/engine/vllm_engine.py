@@ -67,9 +67,9 @@ class LoadSignal:
             self.running = int(scheduler_stats.num_running_reqs)
             self.waiting = int(scheduler_stats.num_waiting_reqs)
             usage = getattr(scheduler_stats, "kv_cache_usage", None)
-            if usage is None:
+            if usage is None:  # vLLM before 0.10 called it gpu_cache_usage
                 usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
-            self.kv_usage = float(usage)
+            self.kv_usage = float(usage or 0.0)
         if iteration_stats is not None:
             self.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0))
         self.records += 1

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import os
 import ssl
-from typing import Any
 
 from zerolayer.accounting import Accounting
+from zerolayer.engine.types import Engine
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server.connection import ReplicaProtocol
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
@@ -34,7 +34,7 @@ class ReplicaHandle:
     def __init__(
         self,
         replica: Replica,
-        server: asyncio.AbstractServer,
+        server: asyncio.Server,
         protocols: set[ReplicaProtocol],
         host: str,
         tls: bool,
@@ -83,7 +83,7 @@ class ReplicaHandle:
 
 
 async def start_replica(
-    engine: Any,
+    engine: Engine,
     host: str = "127.0.0.1",
     port: int = 0,
     *,

@@ -1,11 +1,13 @@
 """``zl-replica``: one engine replica process.
 
-    zl-replica --engine sim|null --port P [--host H] [--tls-cert C --tls-key K]
-               [--model-shape S] [--num-kv-blocks N] [--max-num-seqs N] [--accounting PATH]
+    zl-replica --engine sim|null|torch|vllm --port P [--host H] [--tls-cert C --tls-key K]
+               [--engine-option KEY=VALUE ...] [--accounting PATH]
 
 Prints ``zl-replica listening on <url>`` (flushed) once it accepts connections, so a parent can
 wait for that line; ``--port 0`` picks a free port. SIGTERM (or SIGINT) drains: new streams are
-refused with ``draining``, in-flight ones finish, then the process exits 0.
+refused with ``draining``, in-flight ones finish, then the process exits 0. A mistake in the
+arguments (or a replica that cannot start because of one) is one ``zl-replica: error:`` line and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -13,89 +15,122 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
+import os
 import signal
+import ssl
 import sys
-from typing import Any
 
-from zerolayer.engine import ENGINES, make_engine
-from zerolayer.server.app import DRAIN_TIMEOUT_S, start_replica
+from zerolayer.cliargs import (
+    Parser,
+    fail,
+    non_negative_float,
+    port,
+    positive_int,
+    readable_file,
+)
+from zerolayer.engine import ENGINES, Engine, make_engine
+from zerolayer.engine.options import add_engine_option, validate_engine_options
+from zerolayer.server.app import DRAIN_TIMEOUT_S, ReplicaHandle, start_replica, tls_context
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES
 
+PROG = "zl-replica"
 log = logging.getLogger("zerolayer.server")
 GC_GEN0_THRESHOLD = 20_000
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-# Engine options with their own flag: (flag, make_engine keyword, type).
-ENGINE_FLAGS = (
-    ("--model-shape", "model_shape", str),
-    ("--num-kv-blocks", "num_kv_blocks", int),
-    ("--max-num-seqs", "max_num_seqs", int),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", int),
-    ("--max-model-len", "max_model_len", int),
+
+DESCRIPTION = (
+    "One engine replica: HTTP/2 and HTTP/1.1 (TLS with ALPN when given a certificate). Prints "
+    "'zl-replica listening on URL' once it accepts connections; SIGTERM or SIGINT drains it."
 )
 
 
-def _option(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.replace("-", "_"), value
+class StartupError(Exception):
+    """The replica cannot start for a reason in its arguments (engine, address, files)."""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zl-replica", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", default="sim", choices=ENGINES)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--tls-cert", help="PEM certificate: serve TLS with ALPN h2/http1.1")
-    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p = Parser(prog=PROG, description=DESCRIPTION)
+    p.add_argument("--engine", default="sim", choices=ENGINES, help="engine to serve")
+    add_engine_option(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=port, default=8000, help="0..65535; 0 picks a free port")
+    p.add_argument(
+        "--tls-cert", type=readable_file, help="PEM certificate: serve TLS with ALPN h2/http1.1"
+    )
+    p.add_argument("--tls-key", type=readable_file, help="PEM private key for --tls-cert")
     p.add_argument("--name", help="replica name (accounting, request ids, /health)")
     p.add_argument("--accounting", metavar="PATH", help="append per-request usage as JSONL")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    p.add_argument("--keepalive-s", type=float, default=20.0, help="HTTP/2 PING interval; 0: off")
-    p.add_argument("--drain-timeout-s", type=float, default=DRAIN_TIMEOUT_S)
-    for flag, _, kind in ENGINE_FLAGS:
-        p.add_argument(flag, type=kind, help="engine option")
     p.add_argument(
-        "--option",
-        action="append",
-        type=_option,
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other engine option (VALUE parsed as JSON when it is)",
+        "--max-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies are refused with payload_too_large",
     )
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument(
+        "--keepalive-s", type=non_negative_float, default=20.0, help="HTTP/2 PING interval; 0: off"
+    )
+    p.add_argument(
+        "--drain-timeout-s",
+        type=non_negative_float,
+        default=DRAIN_TIMEOUT_S,
+        help="on SIGTERM, how long in-flight requests may take to finish",
+    )
+    p.add_argument(
+        "--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS, help="stderr log"
+    )
     return p
 
 
-def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for flag, key, _ in ENGINE_FLAGS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            options[key] = value
-    options.update(args.option)
-    return options
+def check(args: argparse.Namespace) -> None:
+    """Checks that need more than one argument, or a file's contents; StartupError if one fails.
+
+    Replaces ``args.engine_options`` (a list of pairs) with the validated dict.
+    """
+    try:
+        args.engine_options = validate_engine_options(args.engine, dict(args.engine_options))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise StartupError("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        try:
+            tls_context(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise StartupError(f"cannot load --tls-cert/--tls-key: {exc}") from None
+    if args.accounting is not None:
+        folder = os.path.dirname(os.path.abspath(args.accounting))
+        if not os.path.isdir(folder):
+            raise StartupError(f"--accounting: no such directory: {folder}")
+
+
+async def _start(args: argparse.Namespace) -> tuple[Engine, ReplicaHandle]:
+    try:
+        engine = make_engine(args.engine, **args.engine_options)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        handle = await start_replica(
+            engine,
+            args.host,
+            args.port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            name=args.name,
+            accounting_path=args.accounting,
+            max_body_bytes=args.max_body_bytes,
+            keepalive_s=args.keepalive_s,
+        )
+    except OSError as exc:
+        await engine.close()
+        reason = exc.strerror or str(exc)
+        raise StartupError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+    return engine, handle
 
 
 async def serve(args: argparse.Namespace) -> int:
-    engine = make_engine(args.engine, **engine_options(args))
-    handle = await start_replica(
-        engine,
-        args.host,
-        args.port,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        name=args.name,
-        accounting_path=args.accounting,
-        max_body_bytes=args.max_body_bytes,
-        keepalive_s=args.keepalive_s,
-    )
+    engine, handle = await _start(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -105,7 +140,7 @@ async def serve(args: argparse.Namespace) -> int:
     # otherwise stalls the loop for milliseconds in the middle of serving.
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-    print(f"zl-replica listening on {handle.url}", flush=True)
+    print(f"{PROG} listening on {handle.url}", flush=True)
     await stop.wait()
     log.warning("draining %s", handle.name)
     drained = await handle.drain(args.drain_timeout_s)
@@ -117,9 +152,11 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if (args.tls_cert is None) != (args.tls_key is None):
-        parser().error("--tls-cert and --tls-key go together")
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    try:
+        check(args)
+    except StartupError as exc:
+        return fail(PROG, str(exc))
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")  # fmt: skip
     try:
         import uvloop
@@ -127,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         loop_factory = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency
         loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(args))
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(serve(args))
+    except StartupError as exc:
+        return fail(PROG, str(exc))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ HTTP/2 connection preface means prior-knowledge h2c, anything else is HTTP/1.1.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from zerolayer.server.h1proto import H1Handler
 from zerolayer.server.h2proto import H2Handler
@@ -29,16 +29,17 @@ class ReplicaProtocol(asyncio.Protocol):
         self._buffer = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         self.registry.add(self)
         self.replica.connections += 1
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             alpn = ssl_object.selected_alpn_protocol()
             if alpn == "h2":
-                self.handler = H2Handler(self.replica, transport)
+                self.handler = H2Handler(self.replica, self.transport)
             elif alpn == "http/1.1":
-                self.handler = H1Handler(self.replica, transport)
+                self.handler = H1Handler(self.replica, self.transport)
 
     def data_received(self, data: bytes) -> None:
         handler = self.handler

@@ -21,15 +21,17 @@ import itertools
 import logging
 import time
 from collections import Counter
+from enum import Enum
 from functools import lru_cache
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
-from zerolayer.engine.types import EngineError, EngineRequest, TokenChunk
+from zerolayer.engine.kv import blocks_for
+from zerolayer.engine.types import Engine, EngineError, EngineRequest, TokenChunk
 from zerolayer.scheduler import (
     AdmissionQueue,
+    QueueEntry,
     SchedulerConfig,
-    blocks_for,
     decide,
     engine_has_room,
 )
@@ -48,6 +50,7 @@ from zerolayer.wire.contract import (
     ContractError,
     ErrorCode,
     RequestMeta,
+    error_headers,
 )
 from zerolayer.wire.openai import CHAT, COMPLETIONS, Body, Framer
 
@@ -58,8 +61,6 @@ PUMP_INTERVAL_S: Final = 0.005
 
 JSON: Final = (b"content-type", b"application/json")
 SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_ZL_ERROR: Final = contract.ERROR.encode()
-_RETRY_AFTER: Final = contract.RETRY_AFTER_MS.encode()
 _REQUEST_ID: Final = contract.REQUEST_ID.encode()
 
 # Routes: path -> (method, handler name). Generation routes take a body; the rest are GETs.
@@ -71,8 +72,22 @@ ROUTES: Final = {
     b"/metrics": (b"GET", "metrics"),
 }
 
-# Call states.
-BODY, QUEUED, RUNNING, DONE = range(4)
+
+class CallState(Enum):
+    """Where a call is: reading its body, queued for engine room, running, or over."""
+
+    BODY = "body"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+# Module-level names, compared with ``is``: the state is checked for every chunk, and a global
+# lookup costs a fraction of an enum attribute lookup.
+BODY: Final = CallState.BODY
+QUEUED: Final = CallState.QUEUED
+RUNNING: Final = CallState.RUNNING
+DONE: Final = CallState.DONE
 
 
 class Sink(Protocol):
@@ -84,17 +99,6 @@ class Sink(Protocol):
     def end(self, data: bytes) -> None: ...
     def cancel(self) -> None: ...
     def open_window(self, size: int) -> None: ...
-
-
-def error_headers(
-    error: ErrorCode, request_id: bytes | None = None, retry_after_ms: int | None = None
-) -> list[tuple[bytes, bytes]]:
-    headers = [JSON, (_ZL_ERROR, error.code.encode())]
-    if retry_after_ms is not None:
-        headers.append((_RETRY_AFTER, str(retry_after_ms).encode()))
-    if request_id is not None:
-        headers.append((_REQUEST_ID, request_id))
-    return headers
 
 
 @lru_cache(maxsize=4096)
@@ -132,7 +136,7 @@ class Call:
         self.id_headers = [(_REQUEST_ID, request_id.encode())] if echo_id else []
         self.engine_id = ""
         self.max_body = max_body
-        self.state = BODY
+        self.state: CallState = BODY
         self.parts: list[bytes] = []
         self.text: list[str] = []
         self.body_len = 0
@@ -145,16 +149,16 @@ class Call:
         self.started = False
         self.launched = False
         self.task: asyncio.Task[None] | None = None
-        self.queue_entry: list[Any] | None = None
+        self.queue_entry: QueueEntry[Call] | None = None
         self.start_ns = time.time_ns()
         loop = replica.loop
         self.deadline_at = loop.time() + meta.deadline_ms / 1000.0
-        self.timer = loop.call_at(self.deadline_at, self.on_deadline)
+        self.timer: asyncio.TimerHandle | None = loop.call_at(self.deadline_at, self.on_deadline)
 
     # -- the request body ---------------------------------------------------------------------
 
     def on_data(self, data: bytes) -> None:
-        if self.state != BODY:
+        if self.state is not BODY:
             return
         self.body_len += len(data)
         if self.body_len > self.max_body:
@@ -164,7 +168,7 @@ class Call:
 
     def on_end(self) -> None:
         """The body is complete: parse it once, admit on its cost, run or queue."""
-        if self.state != BODY:
+        if self.state is not BODY:
             return
         replica = self.replica
         raw = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
@@ -229,7 +233,7 @@ class Call:
     def fail(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
         """End the request with an error: a whole error response if nothing was sent yet, else
         a final SSE error event and RST_STREAM(CANCEL)."""
-        if self.state == DONE:
+        if self.state is DONE:
             return
         if self.started:
             self.sink.write(openai.error_event(error, message))
@@ -241,7 +245,7 @@ class Call:
 
     def refuse(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
         """Answer with an error before any output (the sink stops an unfinished upload)."""
-        if self.state == DONE:
+        if self.state is DONE:
             return
         self.sink.respond(
             error.status,
@@ -255,22 +259,22 @@ class Call:
 
     def on_deadline(self) -> None:
         self.timer = None
-        if self.state != DONE:
+        if self.state is not DONE:
             self.stop()
             self.fail(DEADLINE_EXCEEDED, f"deadline of {self.meta.deadline_ms} ms expired")
 
     def on_reset(self) -> None:
         """The client reset the stream or the connection went away: stop the engine's work."""
-        if self.state != DONE:
+        if self.state is not DONE:
             self.stop()
             self.finish(CANCELLED)
 
     def stop(self) -> None:
         """Leave the queue or stop the engine run (the engine request is aborted)."""
         replica = self.replica
-        if self.state == QUEUED and self.queue_entry is not None:
+        if self.state is QUEUED and self.queue_entry is not None:
             replica.queue.remove(self.queue_entry)
-        elif self.state == RUNNING:
+        elif self.state is RUNNING:
             if not self.launched:
                 replica.mark_launched(self)
             task = self.task
@@ -279,7 +283,7 @@ class Call:
             replica.engine.abort(self.engine_id)
 
     def finish(self, outcome: str, error: str | None = None) -> None:
-        if self.state == DONE:
+        if self.state is DONE:
             return
         self.state = DONE
         if self.timer is not None:
@@ -293,7 +297,7 @@ class Replica:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         *,
         name: str = "replica",
         config: SchedulerConfig | None = None,
@@ -309,7 +313,7 @@ class Replica:
         self.accounting = accounting or Accounting(replica=name)
         self.keepalive_s = keepalive_s
         self.loop = asyncio.get_running_loop()
-        self.queue = AdmissionQueue()
+        self.queue: AdmissionQueue[Call] = AdmissionQueue()
         self.draining = False
         self.active = 0
         self._idle = asyncio.Event()
@@ -358,10 +362,12 @@ class Replica:
         if route is None and b"?" in path:
             route = ROUTES.get(path.split(b"?", 1)[0])
         if route is None:
-            return self._refuse(sink, NOT_FOUND, f"no route for {path.decode('latin-1')}")
+            self._refuse(sink, NOT_FOUND, f"no route for {path.decode('latin-1')}")
+            return None
         if method != route[0]:
             message = f"{path.decode('latin-1')} takes {route[0].decode()}"
-            return self._refuse(sink, METHOD_NOT_ALLOWED, message)
+            self._refuse(sink, METHOD_NOT_ALLOWED, message)
+            return None
         kind = route[1]
         if kind == "health":
             body = status.health_body(self)
@@ -378,25 +384,27 @@ class Replica:
             return None
         rid = request_id.decode("latin-1") if request_id else f"{self.name}-{next(self._ids)}"
         if self.draining:
-            return self._refuse(sink, DRAINING, "the replica is draining", rid, retry_after_ms=0)
+            self._refuse(sink, DRAINING, "the replica is draining", rid, retry_after_ms=0)
+            return None
         try:
             meta = _request_meta(tuple(zl))
         except ContractError as exc:
-            return self._refuse(sink, exc.error, exc.message, rid)
+            self._refuse(sink, exc.error, exc.message, rid)
+            return None
         if content_length == -2:
-            return self._refuse(
-                sink, BAD_REQUEST, "content-length is not a number", rid, None, meta
-            )
+            self._refuse(sink, BAD_REQUEST, "content-length is not a number", rid, None, meta)
+            return None
         if content_length > self.max_body_bytes:
             message = f"request body exceeds {self.max_body_bytes} bytes"
-            return self._refuse(sink, PAYLOAD_TOO_LARGE, message, rid, None, meta)
+            self._refuse(sink, PAYLOAD_TOO_LARGE, message, rid, None, meta)
+            return None
         decision = decide(meta, self.engine.stats(), self.queue.state, self.config)
         if decision.error is not None:
-            return self._refuse(
-                sink, decision.error, decision.message, rid, decision.retry_after_ms, meta
-            )
+            self._refuse(sink, decision.error, decision.message, rid, decision.retry_after_ms, meta)
+            return None
         if not body_follows:
-            return self._refuse(sink, BAD_REQUEST, "the request has no body", rid, None, meta)
+            self._refuse(sink, BAD_REQUEST, "the request has no body", rid, None, meta)
+            return None
         call = Call(self, sink, kind, meta, rid, self.max_body_bytes, request_id is None)
         self.active += 1
         self._idle.clear()
@@ -433,7 +441,6 @@ class Replica:
                 error.code,
                 meta.priority if meta else 1,
             )
-        return None
 
     # -- dispatch to the engine -----------------------------------------------------------------
 
@@ -478,6 +485,8 @@ class Replica:
             ):
                 return
             call = queue.pop()
+            if call is None:
+                return
             self._start(call)
 
     def _pump_tick(self) -> None:
@@ -501,12 +510,12 @@ class Replica:
         queue = self.queue
         try:
             async for chunk in self.engine.generate(request):
-                if call.state != RUNNING:
+                if call.state is not RUNNING:
                     return
                 call.on_chunk(chunk)
                 if queue:
                     self.pump()
-            if call.state == RUNNING:
+            if call.state is RUNNING:
                 call.fail(ENGINE_DOWN, "the engine ended the stream without a finish reason")
         except asyncio.CancelledError:
             return

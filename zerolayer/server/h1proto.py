@@ -112,16 +112,15 @@ class H1Handler:
             except h11.RemoteProtocolError as exc:
                 self._bad_request(exc)
                 return
-            kind = type(event)
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return
-            if kind is h11.Request:
+            if type(event) is h11.Request:
                 self._on_request(event)
-            elif kind is h11.Data:
+            elif type(event) is h11.Data:
                 exchange = self.exchange
                 if exchange is not None and exchange.call is not None:
                     exchange.call.on_data(event.data)
-            elif kind is h11.EndOfMessage:
+            elif type(event) is h11.EndOfMessage:
                 exchange = self.exchange
                 if exchange is not None:
                     was_ended = exchange.remote_ended
@@ -129,7 +128,7 @@ class H1Handler:
                     if exchange.call is not None and not was_ended:
                         exchange.call.on_end()
                 self._next_cycle()
-            elif kind is h11.ConnectionClosed:
+            elif type(event) is h11.ConnectionClosed:
                 self.close()
                 return
 

@@ -171,16 +171,15 @@ class H2Handler:
             return
         streams = self.streams
         for event in events:
-            kind = type(event)
-            if kind is _DataReceived:
+            if type(event) is _DataReceived:
                 stream = streams.get(event.stream_id)
                 if event.flow_controlled_length:
                     conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                 if stream is not None and stream.call is not None:
                     stream.call.on_data(event.data)
-            elif kind is _RequestReceived:
+            elif type(event) is _RequestReceived:
                 self._on_request(event)
-            elif kind is _StreamEnded:
+            elif type(event) is _StreamEnded:
                 sid = event.stream_id
                 stream = streams.get(sid)
                 if stream is not None:
@@ -194,7 +193,7 @@ class H2Handler:
                             call.on_reset()
                             self.reset(stream, ErrorCodes.INTERNAL_ERROR)
                     self.forget_if_done(stream)
-            elif kind is _StreamReset:
+            elif type(event) is _StreamReset:
                 stream = streams.pop(event.stream_id, None)
                 if stream is not None:
                     stream.local_ended = stream.remote_ended = True
@@ -203,18 +202,18 @@ class H2Handler:
                     call, stream.call = stream.call, None
                     if call is not None:
                         call.on_reset()
-            elif kind is _WindowUpdated:
+            elif type(event) is _WindowUpdated:
                 if event.stream_id:
                     stream = streams.get(event.stream_id)
                     if stream is not None and stream in self.blocked:
                         self.drain(stream)
                 else:
                     self._drain_blocked()
-            elif kind is _RemoteSettingsChanged:
+            elif type(event) is _RemoteSettingsChanged:
                 self._drain_blocked()
-            elif kind is _PingAckReceived:
+            elif type(event) is _PingAckReceived:
                 self._ping_outstanding = False
-            elif kind is _ConnectionTerminated:
+            elif type(event) is _ConnectionTerminated:
                 self.flush()
                 self.close()
                 return

@@ -8,12 +8,15 @@ read a replica unchanged; what only the zero-layer replica has is under ``zl_``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections import Counter
+from collections.abc import Sized
+from typing import Final, Protocol
 
 import orjson
 
-if TYPE_CHECKING:
-    from zerolayer.server.core import Replica
+from zerolayer.accounting import Accounting
+from zerolayer.engine.types import Engine
+from zerolayer.scheduler import SchedulerConfig
 
 METRICS_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 KV_PRESSURE_FROM: Final = 0.8
@@ -23,7 +26,40 @@ ALLOCATOR_METRICS: Final = {
 }
 
 
-def health(replica: Replica) -> dict[str, object]:
+class Observed(Protocol):
+    """What ``/health`` and ``/metrics`` read of a replica (``core.Replica``, which calls them)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def config(self) -> SchedulerConfig: ...
+    @property
+    def queue(self) -> Sized: ...
+    @property
+    def accounting(self) -> Accounting: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def active(self) -> int: ...
+    @property
+    def connections(self) -> int: ...
+    @property
+    def prompt_tokens_total(self) -> int: ...
+    @property
+    def generation_tokens_total(self) -> int: ...
+    @property
+    def refusals(self) -> Counter[str]: ...
+    @property
+    def failures(self) -> Counter[str]: ...
+    @property
+    def outcomes(self) -> Counter[str]: ...
+
+
+def health(replica: Observed) -> dict[str, object]:
     """The replica's published health.
 
     ``health`` (also as ``score``) is 1.0 for an idle replica and falls to 0 as KV usage climbs
@@ -53,7 +89,7 @@ def health(replica: Replica) -> dict[str, object]:
     }
 
 
-def health_body(replica: Replica) -> bytes:
+def health_body(replica: Observed) -> bytes:
     return orjson.dumps(health(replica))
 
 
@@ -61,7 +97,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def metrics_text(replica: Replica) -> bytes:
+def metrics_text(replica: Observed) -> bytes:
     """The Prometheus exposition of the replica's gauges and counters."""
     stats = replica.engine.stats()
     model = f'model_name="{_escape(replica.model)}"'

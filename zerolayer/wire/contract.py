@@ -26,6 +26,11 @@ ERROR: Final = "zl-error"
 RETRY_AFTER_MS: Final = "retry-after-ms"
 REQUEST_ID: Final = "zl-request-id"
 
+_JSON: Final = (b"content-type", b"application/json")
+_ERROR: Final = ERROR.encode()
+_RETRY_AFTER_MS: Final = RETRY_AFTER_MS.encode()
+_REQUEST_ID: Final = REQUEST_ID.encode()
+
 CONTRACT_HEADERS: Final = (SESSION, TENANT, PRIORITY, DEADLINE_MS, PROMPT_TOKENS, MAX_TOKENS)
 
 PRIORITIES: Final[Mapping[str, int]] = {
@@ -33,7 +38,6 @@ PRIORITIES: Final[Mapping[str, int]] = {
     "normal": PRIORITY_NORMAL,
     "low": PRIORITY_LOW,
 }
-PRIORITY_NAMES: Final[Mapping[int, str]] = {v: k for k, v in PRIORITIES.items()}
 
 MAX_KEY_LEN: Final = 256
 MAX_DEADLINE_MS: Final = 3_600_000
@@ -193,13 +197,14 @@ def error_body(error: ErrorCode, message: str) -> bytes:
     return orjson.dumps({"error": {"code": error.code, "message": message, "type": error.code}})
 
 
-def error_headers(error: ErrorCode, retry_after_ms: int | None = None) -> list[tuple[str, str]]:
-    """Response headers for an error: status, content type, ``zl-error`` and maybe a retry hint."""
-    headers = [
-        (":status", str(error.status)),
-        ("content-type", "application/json"),
-        (ERROR, error.code),
-    ]
+def error_headers(
+    error: ErrorCode, request_id: bytes | None = None, retry_after_ms: int | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Response headers for an error (not ``:status``): JSON content type, ``zl-error``, maybe a
+    retry hint and the request id; bytes, as the replica writes them."""
+    headers = [_JSON, (_ERROR, error.code.encode())]
     if retry_after_ms is not None:
-        headers.append((RETRY_AFTER_MS, str(retry_after_ms)))
+        headers.append((_RETRY_AFTER_MS, str(retry_after_ms).encode()))
+    if request_id is not None:
+        headers.append((_REQUEST_ID, request_id))
     return headers

@@ -113,11 +113,12 @@ def parse_body(kind: str, raw: bytes, meta: RequestMeta) -> Body:
     if kind == CHAT:
         prompt = chat_prompt(body.get("messages"))
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
+        given = body.get("prompt")
+        if isinstance(given, list) and len(given) == 1:
+            given = given[0]
+        if not isinstance(given, str):
             raise _bad("prompt must be a string")
+        prompt = given
     if body.get("n", 1) != 1:
         raise _bad("only n=1 is supported")
     stream = body.get("stream", False)

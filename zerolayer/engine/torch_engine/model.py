@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import torch
 from torch import Tensor, nn
@@ -115,10 +115,17 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
+class Factory(TypedDict):
+    """Where and in what precision a module's parameters are created."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, **factory: object) -> None:
+    def __init__(self, size: int, eps: float, **factory: Unpack[Factory]) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, **factory))  # type: ignore[arg-type]
+        self.weight = nn.Parameter(torch.ones(size, **factory))
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -128,14 +135,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, shape: LlamaShape, **factory: object) -> None:
+    def __init__(self, shape: LlamaShape, **factory: Unpack[Factory]) -> None:
         super().__init__()
         h, d = shape.hidden_size, shape.head_dim
         self.heads, self.kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, d
-        self.q_proj = nn.Linear(h, shape.num_heads * d, bias=False, **factory)  # type: ignore[arg-type]
-        self.k_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False, **factory)  # type: ignore[arg-type]
-        self.v_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False, **factory)  # type: ignore[arg-type]
-        self.o_proj = nn.Linear(shape.num_heads * d, h, bias=False, **factory)  # type: ignore[arg-type]
+        self.q_proj = nn.Linear(h, shape.num_heads * d, bias=False, **factory)
+        self.k_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False, **factory)
+        self.v_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False, **factory)
+        self.o_proj = nn.Linear(shape.num_heads * d, h, bias=False, **factory)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attn: Attention) -> Tensor:
         t = x.shape[0]
@@ -146,19 +153,19 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, shape: LlamaShape, **factory: object) -> None:
+    def __init__(self, shape: LlamaShape, **factory: Unpack[Factory]) -> None:
         super().__init__()
         h, i = shape.hidden_size, shape.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False, **factory)  # type: ignore[arg-type]
-        self.up_proj = nn.Linear(h, i, bias=False, **factory)  # type: ignore[arg-type]
-        self.down_proj = nn.Linear(i, h, bias=False, **factory)  # type: ignore[arg-type]
+        self.gate_proj = nn.Linear(h, i, bias=False, **factory)
+        self.up_proj = nn.Linear(h, i, bias=False, **factory)
+        self.down_proj = nn.Linear(i, h, bias=False, **factory)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, shape: LlamaShape, **factory: object) -> None:
+    def __init__(self, shape: LlamaShape, **factory: Unpack[Factory]) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps, **factory)
         self.self_attn = LlamaAttention(shape, **factory)
@@ -171,9 +178,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, shape: LlamaShape, **factory: object) -> None:
+    def __init__(self, shape: LlamaShape, **factory: Unpack[Factory]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size, **factory)  # type: ignore[arg-type]
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size, **factory)
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(shape, **factory) for _ in range(shape.num_layers)]
         )
@@ -183,14 +190,16 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder plus its LM head; ``forward`` runs one engine step over a ragged token batch."""
 
+    rope: Tensor  # a buffer: (cos, sin) tables by position
+
     def __init__(
         self, shape: LlamaShape, max_positions: int, device: torch.device, dtype: torch.dtype
     ) -> None:
         super().__init__()
         self.shape = shape
-        factory = {"device": device, "dtype": dtype}
+        factory = Factory(device=device, dtype=dtype)
         self.model = LlamaModel(shape, **factory)
-        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False, **factory)  # type: ignore[arg-type]
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False, **factory)
         self.register_buffer("rope", rope_tables(shape, max_positions, device), persistent=False)
 
     @torch.inference_mode()

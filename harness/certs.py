@@ -1,14 +1,13 @@
-"""A self-signed certificate made for one run, so HTTP/2 can go over TLS with ALPN.
+"""A self-signed certificate for one stand-up, so zero-layer replicas can serve HTTP/2 over TLS.
 
-k6 (Go's net/http) only speaks HTTP/2 over TLS, so a k6 run against the zero-layer stack starts
-its replicas with this certificate; the loaders skip verification (``insecureSkipTLSVerify``).
+Tools that speak HTTP/2 only over TLS (k6, Go's net/http) need it; the stack hands the
+certificate to its clients as the one CA to trust (``Stack.tls_ca``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import ssl
 from pathlib import Path
 
 from cryptography import x509
@@ -24,6 +23,11 @@ def self_signed(directory: str | Path, days: int = 2) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "zerolayer-bench")])
     now = dt.datetime.now(dt.UTC)
+    names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -32,16 +36,8 @@ def self_signed(directory: str | Path, days: int = 2) -> tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    x509.IPAddress(ipaddress.ip_address("::1")),
-                ]
-            ),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
@@ -55,10 +51,3 @@ def self_signed(directory: str | Path, days: int = 2) -> tuple[Path, Path]:
     )
     key_path.chmod(0o600)
     return cert_path, key_path
-
-
-def client_context(cert_path: str | Path, alpn: tuple[str, ...] = ("h2",)) -> ssl.SSLContext:
-    """A client context that trusts exactly the run's certificate and offers ``alpn``."""
-    ctx = ssl.create_default_context(cafile=str(cert_path))
-    ctx.set_alpn_protocols(list(alpn))
-    return ctx
