@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import uvloop
 
 from harness.errors import UsageError
+from zerolayer.cliargs import positive_int
 from zerolayer.engine import EngineRequest, SimConfig, SimEngine
-from zerolayer.engine.options import validate_engine_options
-from zerolayer.engine.stepmodel import load_profile, model_shape
+from zerolayer.engine.options import add_engine_option, validate_engine_options
 
 PROMPT_TOKENS_1KB = 256
 
@@ -91,37 +91,25 @@ async def drive(
     )
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench fidelity``'s arguments."""
-    parser.add_argument("--requests", type=_positive, default=256, help="concurrent requests")
+    parser.add_argument("--requests", type=positive_int, default=256, help="concurrent requests")
     parser.add_argument(
-        "--prompt-tokens", type=_positive, default=PROMPT_TOKENS_1KB, help="prompt tokens each"
+        "--prompt-tokens", type=positive_int, default=PROMPT_TOKENS_1KB, help="prompt tokens each"
     )
-    parser.add_argument("--max-tokens", type=_positive, default=128, help="output tokens each")
-    parser.add_argument("--model-shape", default="llama-3.1-8b", help="the sim's model shape")
+    parser.add_argument("--max-tokens", type=positive_int, default=128, help="output tokens each")
+    add_engine_option(parser)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Drive the engine and print the figures; 1 when out of tolerance (10 % step, 1 % drift)."""
     try:
-        options = validate_engine_options("sim", {"model_shape": args.model_shape})
-        config = SimConfig(**options)
-        model_shape(config.model_shape, load_profile(config.profile_path))
+        config = SimConfig(**validate_engine_options("sim", dict(args.engine_options)))
     except ValueError as exc:
-        raise UsageError(f"--model-shape: {exc}") from exc
+        raise UsageError(f"--engine-option: {exc}") from exc
     print(
         f"sim engine fidelity: {args.requests} concurrent requests, {args.prompt_tokens} prompt "
-        f"tokens, {args.max_tokens} output tokens, {args.model_shape}",
+        f"tokens, {args.max_tokens} output tokens, {config.model_shape}",
         flush=True,
     )
     result = uvloop.run(drive(config, args.requests, args.prompt_tokens, args.max_tokens))

@@ -43,7 +43,7 @@ from harness.telemetry import (
 )
 from harness.workload import build_schedule
 from zerolayer.engine import ENGINES
-from zerolayer.engine.options import parse_engine_option, validate_engine_options
+from zerolayer.engine.options import add_engine_option, validate_engine_options
 
 FAULT_PROFILE = "d_fault"
 LOADER_NICE = -5
@@ -461,13 +461,6 @@ def _urls(text: str) -> tuple[str, ...]:
     return tuple(check_url(item) for item in _csv(text))
 
 
-def _engine_option(text: str) -> tuple[str, Any]:
-    try:
-        return parse_engine_option(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench run``'s arguments."""
     parser.add_argument("--scale", choices=SCALES, default="laptop", help="load scale")
@@ -481,15 +474,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stacks", type=_stacks, default=",".join(STACKS), help=f"from {', '.join(STACKS)}"
     )
     parser.add_argument("--engine", choices=ENGINES, default="sim", help="engine of every replica")
-    parser.add_argument(
-        "--engine-option",
-        type=_engine_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine option, VALUE as JSON else a string, e.g. model_shape=llama-3.2-1b "
-        "(repeatable)",
-    )
+    add_engine_option(parser)
     parser.add_argument("--replicas", type=_replicas, default=2, help="engine replicas per stack")
     parser.add_argument("--loader", choices=tuple(LOADERS), default="native", help="load tool")
     parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
@@ -509,7 +494,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Build the RunConfig from the command line (validating engine options) and run it."""
     try:
-        options = validate_engine_options(args.engine, dict(args.engine_option))
+        options = validate_engine_options(args.engine, dict(args.engine_options))
     except ValueError as exc:
         raise UsageError(f"--engine-option: {exc}") from exc
     config = RunConfig(

@@ -38,8 +38,8 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["run", "--engine-option", "nonsense=1"], "valid options: model_shape"),
         (["run", "--engine-option", "num_kv_blocks=many"], "num_kv_blocks"),
         (["nonsense"], "invalid choice: 'nonsense'"),
-        (["fidelity", "--requests", "0"], "positive integer"),
-        (["fidelity", "--model-shape", "gpt-5"], "unknown model shape 'gpt-5'"),
+        (["fidelity", "--requests", "0"], "must be >= 1"),
+        (["fidelity", "--engine-option", "model_shape=gpt-5"], "unknown model shape 'gpt-5'"),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(

@@ -86,6 +86,7 @@ def test_an_unknown_key_is_refused_listing_every_valid_one(key: str) -> None:
         ("sim", {"max_num_seqs": True}, "max_num_seqs takes int"),
         ("sim", {"num_kv_blocks": 1.5}, "num_kv_blocks takes int | None"),
         ("sim", {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
+        ("sim", {"model_shape": "nope"}, "unknown model shape 'nope'; the profile has: llama"),
         ("null", {"x": 1}, "takes no options"),
         ("vllm", {"extra_args": [1]}, "extra_args takes dict"),
         ("tpu", {}, "choose from " + ", ".join(ENGINES)),

@@ -80,15 +80,17 @@ def test_argument_mistakes_are_one_line_and_exit_2(
     assert err.count("\n") == 1 and err.startswith("zl-replica: error: ") and says in err, err
 
 
-def test_a_bad_model_shape_fails_at_engine_start_with_one_line() -> None:
-    """Checked by the engine itself (the shape list comes from its profile), in the process."""
+def test_a_bad_model_shape_is_refused_before_start_with_one_line() -> None:
+    """The sim's config checks the shape against its profile, so validation names the shapes."""
     done = subprocess.run(
         [sys.executable, "-m", "zerolayer.server", "--port", "0",
          "--engine-option", "model_shape=llama-9"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("zl-replica: error: unknown model shape 'llama-9'")
+    assert done.stderr.startswith(
+        "zl-replica: error: sim engine options: unknown model shape 'llama-9'; the profile has: "
+    )
     assert done.stderr.count("\n") == 1, done.stderr
 
 

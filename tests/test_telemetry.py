@@ -167,6 +167,8 @@ vllm:num_preemptions_total{engine="0",model_name="llama"} 2.0
 zl_refusals_total{code="queue_full"} 4
 zl_refusals_total{code="kv_exhausted"} 1
 zl_kv_waste_ratio 0.0625
+zl_requests_total{outcome="completed"} 40
+zl_requests_total{outcome="error"} 2
 """
 
 
@@ -208,6 +210,7 @@ def test_prometheus_scrape_and_a_replica_that_is_down(metrics_server: str) -> No
     up, health, gone = source.read()
     assert (up["kv_usage"], up["running"], up["waiting"], up["preemptions"]) == (0.25, 7, 3, 2)
     assert up["kv_waste"] == 0.0625 and up["up"] == 1
+    assert up["requests_total"] == 42, "requests served, every outcome, for per-replica spread"
     assert health["kv_usage"] == 0.5
     assert gone["up"] == 0 and "error" in gone
 

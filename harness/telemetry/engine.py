@@ -35,6 +35,7 @@ PROMETHEUS_KEYS: dict[str, str] = {
     "zl_engine_busy_seconds_total": "busy_time_s",
     "zl_allocator_inactive_split_bytes": "alloc_inactive_split_bytes",
     "zl_allocator_reserved_bytes": "alloc_reserved_bytes",
+    "zl_requests_total": "requests_total",
 }
 HEALTH_KEYS: dict[str, str] = {
     "kv_usage": "kv_usage",

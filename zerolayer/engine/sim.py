@@ -50,6 +50,7 @@ class SimConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        model_shape(self.model_shape, load_profile(self.profile_path))  # names the known shapes
 
     def kv_blocks(self, weight_bytes: int, kv_bytes_per_token: int) -> int:
         """Blocks that fit in the memory budget after the weights (or the explicit override)."""
