@@ -36,6 +36,7 @@ from harness.stacks import STACKS, Stack, StackName, StackSpec, StackUnreachable
 from harness.telemetry import (
     Component,
     EngineSource,
+    EngineTarget,
     NvmlSource,
     PhaseLog,
     ProcessSource,
@@ -170,6 +171,7 @@ class Telemetry:
         self.phases = PhaseLog(run.path / schema.PHASES)
         self.engines, self.procs = EngineSource(), ProcessSource()
         self.procs.add(Component("loader", os.getpid(), "loader"))
+        self.watched: dict[str, list[EngineTarget]] = {}
         self.sampler = Sampler(
             [NvmlSource(), self.engines, self.procs],
             run.path / schema.TELEMETRY,
@@ -183,13 +185,26 @@ class Telemetry:
         return self.sampler.describe()
 
     def watch(self, stack: Stack) -> None:
-        for target in stack.engine_targets():
+        self.watched[stack.name] = stack.engine_targets()
+        for target in self.watched[stack.name]:
             self.engines.add(target)
         for role, pids in stack.pids().items():
             for i, pid in enumerate(pids):
                 self.procs.add(Component(f"{stack.name}-{role}-{i}", pid, role, stack.name))
 
+    def last_reads(self, stack: Stack) -> dict[str, dict[str, Any]]:
+        """Each engine's counters read once more after the last request (the sampler's last
+        tick may predate it), so per-replica totals such as ``requests_total`` are final."""
+        reads: dict[str, dict[str, Any]] = {}
+        for target in self.watched.get(stack.name, []):
+            try:
+                reads[target.name] = target.read()
+            except Exception as exc:  # a replica that is gone is recorded, not fatal
+                reads[target.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return reads
+
     def unwatch(self, stack: Stack) -> None:
+        self.watched.pop(stack.name, None)
         self.engines.drop_stack(stack.name)
 
     def stop(self) -> None:
@@ -306,6 +321,8 @@ def _run_stack(
                     _run_fault_profile(profile, stack, run, tele)
         finally:
             _say(f"tearing down {name}")
+            run.meta.stacks[name.value]["engines_at_teardown"] = tele.last_reads(stack)
+            run.save()
             tele.unwatch(stack)
 
 
@@ -316,13 +333,16 @@ def _summary_table(rows: Sequence[SummaryRow]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        stats = (r.stat(k) for k in ("median_ttft_ms", "median_e2el_ms", "p99_e2el_ms"))
-        cells = " ".join(f"{_fmt_ms(v):>9}" for v in (*stats, r.stat("std_e2el_ms")))
+        ttft = _fmt_ms(r.stat("median_ttft_ms")) + ("*" if r.ttft_is_first_byte else "")
+        stats = (r.stat(k) for k in ("median_e2el_ms", "p99_e2el_ms", "std_e2el_ms"))
+        cells = " ".join(f"{_fmt_ms(v):>9}" for v in stats)
         lines.append(
             f"{r.stack:<10} {r.profile:<20} {r.completed:>6} {r.errors:>5} {r.lost:>5} "
-            f"{cells} {r.request_throughput:>7.2f} "
+            f"{ttft:>9} {cells} {r.request_throughput:>7.2f} "
             f"{'yes' if r.valid else 'NO: ' + '; '.join(r.invalid_reasons)}"
         )
+    if any(r.ttft_is_first_byte for r in rows):
+        lines.append("* time to first byte: this loader cannot see tokens as they stream")
     return "\n".join(lines)
 
 
@@ -335,7 +355,7 @@ def _check_external(config: RunConfig) -> None:
         try:
             stand_up(spec, Path(config.out)).close()
         except StackUnreachable as exc:
-            raise UsageError(f"{name} stack: {exc}") from exc
+            raise UsageError(str(exc)) from exc
 
 
 def _preflight(profiles: Sequence[Profile], config: RunConfig) -> dict[str, Capacity]:

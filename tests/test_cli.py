@@ -58,7 +58,8 @@ def test_an_unreachable_external_stack_stops_the_run_before_load(
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: refused
         argv = ["run", "--zerolayer-urls", url, "--stacks", "zerolayer", "--profiles", "a"]
         err = _error([*argv, "--scale", "smoke", "--out", str(tmp_path)], capsys)
-    assert url in err and "zerolayer" in err
+    assert err.startswith(f"zl-bench: error: zerolayer stack: {url} is not reachable: ")
+    assert err.count("zerolayer stack") == 1, err
     assert not any(tmp_path.iterdir()), "no results directory, no load"
 
 
