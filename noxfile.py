@@ -1,5 +1,6 @@
 """Sessions: ``bench`` (the main job), ``tests`` (what CI runs), ``lint`` (ruff, import
-contracts, mypy), ``chaos``, ``benchmarks`` (pytest-benchmark), ``overhead`` and ``fidelity``."""
+contracts, mypy), ``vllm`` (the tests against the real CPU vLLM), ``chaos``, ``benchmarks``
+(pytest-benchmark), ``overhead`` and ``fidelity``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,26 @@ def tests(session: nox.Session) -> None:
     """The test suite (CPU only; GPU tests skip with their reason); arguments go to pytest."""
     _install_dev(session)
     session.run("pytest", *session.posargs)
+
+
+# PyPI's builds of these pull in against a different torch and fail to import beside the CPU
+# torch (``operator torchvision::nms does not exist``), which breaks ``transformers`` and so vLLM.
+_BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+
+
+@nox.session(python=PYTHON)
+def vllm(session: nox.Session) -> None:
+    """The tests against the real CPU vLLM (``-m vllm``); arguments go to pytest."""
+    session.install("-e", ".[dev,vllm]", TORCH_CPU)
+    # run_install: part of the install, so ``--install-only`` leaves a working venv too.
+    session.run_install("python", "-m", "pip", "uninstall", "-y", *_BROKEN_BESIDE_CPU_TORCH)
+    session.run(
+        "pytest",
+        "-m",
+        "vllm",
+        *session.posargs,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
 
 
 @nox.session(python=PYTHON)

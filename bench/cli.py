@@ -53,6 +53,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "calibrate the sim engine's step model",
         value_errors_are_usage=True,
     ),
+    Subcommand(
+        "tiny-model",
+        "zerolayer.engine.tinymodel",
+        "write a tiny Llama model directory with a locally trained tokenizer (offline)",
+        value_errors_are_usage=True,
+    ),
 )
 
 

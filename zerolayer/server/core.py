@@ -27,7 +27,13 @@ from typing import Final, Protocol
 
 from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
 from zerolayer.engine.kv import blocks_for
-from zerolayer.engine.types import Engine, EngineError, EngineRequest, TokenChunk
+from zerolayer.engine.types import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    TokenChunk,
+    token_counter,
+)
 from zerolayer.scheduler import (
     AdmissionQueue,
     QueueEntry,
@@ -179,6 +185,8 @@ class Call:
         except ContractError as exc:
             self.refuse(exc.error, exc.message)
             return
+        if replica.count_tokens is not None:
+            body.prompt_tokens = replica.count_tokens(body.prompt) or body.prompt_tokens
         self.body = body
         self.prompt_tokens = body.prompt_tokens
         if meta.prompt_tokens is None or meta.max_tokens is None:
@@ -331,6 +339,9 @@ class Replica:
         self.connections = 0
         self._models_body = openai.models_body(self.model)
         self.block_size = engine.stats().block_size or 1
+        # An engine with its own tokenizer counts prompt tokens itself (see TokenCounter);
+        # None keeps the wire's four-bytes-a-token rule, with no call on the sim's hot path.
+        self.count_tokens = token_counter(engine)
 
     # -- requests -----------------------------------------------------------------------------
 

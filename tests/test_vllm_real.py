@@ -1,0 +1,277 @@
+"""The vLLM adapter against the real CPU vLLM (``nox -s vllm``), serving the offline tiny model.
+
+One engine serves every in-process test (vLLM starts in about 25 s on two cores), on one event
+loop that outlives the tests, since ``AsyncLLM`` binds its output handler to the loop it first
+runs on. Its KV cache is deliberately small (8 blocks of 128 tokens), so the KV-pressure test can
+fill it. The last test starts ``zl-replica --engine vllm`` as a subprocess and streams over h2c
+and HTTP/1.1. Where vLLM is not installed, everything here skips with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+from server_client import H2Client, wait_all
+
+from zerolayer.engine import EngineRequest, make_engine
+from zerolayer.engine.vllm_engine import VllmEngine
+from zerolayer.scheduler import SchedulerConfig, decide
+from zerolayer.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
+from zerolayer.wire.tokens import count_prompt_tokens
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed (the CPU build installs with: nox -s vllm)",
+    ),
+]
+
+T = TypeVar("T")
+KV_BYTES = 1 << 20  # 1024 tokens of this model's KV: 8 blocks of 128 on the CPU backend
+MAX_MODEL_LEN = 512
+PROMPT = "The replica streams tokens from the engine to the client"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from zerolayer.engine.tinymodel import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
+    async def start() -> VllmEngine:
+        engine = make_engine(
+            "vllm",
+            model=str(model_dir),
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_memory_bytes=KV_BYTES,
+            max_num_seqs=8,
+            temperature=0.0,
+        )
+        assert isinstance(engine, VllmEngine)
+        return engine
+
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in OFFLINE.items():
+            env.setenv(key, value)
+        engine = loop.run_until_complete(start())
+        yield engine
+        loop.run_until_complete(engine.close())
+
+
+def on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    return loop.run_until_complete(coro)
+
+
+def request(engine: VllmEngine, rid: str, prompt: str, max_tokens: int) -> EngineRequest:
+    count = engine.count_tokens(prompt)
+    assert count is not None
+    return EngineRequest(rid, count, max_tokens, seed=7, prompt=prompt)
+
+
+async def collect(engine: VllmEngine, req: EngineRequest) -> list:
+    return [chunk async for chunk in engine.generate(req)]
+
+
+def long_prompt(engine: VllmEngine, tokens: int) -> str:
+    """A prompt of at least ``tokens`` of the model's tokens."""
+    text = PROMPT
+    while (engine.count_tokens(text) or 0) < tokens:
+        text += " " + PROMPT
+    return text
+
+
+def test_the_cpu_defaults_and_the_tokenizer_are_vllms(engine: VllmEngine) -> None:
+    assert engine.api.on_cpu and engine.tokenizer is not None
+    assert (engine.num_blocks, engine.block_size) == (8, 128)
+    ids = engine.tokenizer.encode(PROMPT)
+    assert engine.count_tokens(PROMPT) == len(ids) < len(PROMPT.encode()) / 2
+
+
+def test_streams_exactly_max_tokens_one_chunk_per_step(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    reqs = [request(engine, f"exact{i}", f"{PROMPT} {i}", 5 + 7 * i) for i in range(3)]
+
+    async def all_of() -> list[list]:
+        return await asyncio.gather(*(collect(engine, r) for r in reqs))
+
+    results = on(loop, all_of())
+    for req, chunks in zip(reqs, results, strict=True):
+        assert [len(c.token_ids) for c in chunks] == [1] * req.max_tokens
+        assert [c.finish_reason for c in chunks][-2:] == [None, "length"]
+        assert chunks[-1].completion_tokens == req.max_tokens
+        assert {c.prompt_tokens for c in chunks} == {req.prompt_tokens}
+
+
+def test_greedy_tokens_match_vllms_own_generate(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """The adapter's tokenization and delta stitching against vLLM tokenizing the text itself."""
+    from vllm import SamplingParams
+
+    async def reference() -> Any:
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        final = None
+        async for out in engine.llm.generate(PROMPT, params, "reference"):
+            final = out
+        return final
+
+    chunks = on(loop, collect(engine, request(engine, "greedy", PROMPT, 24)))
+    final = on(loop, reference())
+    assert [i for c in chunks for i in c.token_ids] == list(final.outputs[0].token_ids)
+    assert "".join(c.text for c in chunks) == final.outputs[0].text
+    assert chunks[-1].prompt_tokens == len(final.prompt_token_ids)
+
+
+def test_load_signal_is_vllms_scheduler_stats(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    async def main() -> None:
+        records = engine.signal.records
+        streams = [engine.generate(request(engine, f"load{i}", PROMPT, 200)) for i in range(4)]
+        for stream in streams:  # two chunks each: every request has been through a step
+            await anext(stream)
+            await anext(stream)
+        stats = engine.stats()
+        assert engine.signal.records > records
+        assert (stats.running, stats.waiting, stats.max_num_seqs) == (4, 0, 8)
+        assert stats.kv_blocks_used >= 1 and stats.kv_blocks_total == 8
+        for stream in streams:
+            await stream.aclose()
+
+    on(loop, main())
+
+
+def test_abort_frees_the_request_inside_vllm(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    async def main() -> None:
+        stream = engine.generate(request(engine, "doomed", PROMPT, 400))
+        await anext(stream)
+        engine.abort("doomed")
+        rest = [chunk async for chunk in stream]
+        assert rest[-1].finish_reason == "abort"
+        await asyncio.gather(*engine._aborts)  # vLLM has taken the abort
+        # A probe request then runs alone: vLLM's own scheduler no longer counts the aborted one
+        # (the stats that come with its last token are taken after it finished: 0).
+        running = [
+            engine.stats().running async for _ in engine.generate(request(engine, "p", PROMPT, 6))
+        ]
+        assert running[0] == max(running) == 1
+        assert engine.llm.output_processor.get_num_unfinished_requests() == 0
+
+    on(loop, main())
+
+
+def test_kv_pressure_refusal_comes_from_vllms_kv_cache_usage(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    config = SchedulerConfig.for_engine(engine)
+    big = long_prompt(engine, 250)
+    cost = {"prompt_tokens": engine.count_tokens(big), "max_tokens": 200}
+    meta = RequestMeta("s", "t", PRIORITY_NORMAL, 60_000, None, None)
+    assert decide(meta, engine.stats(), config=config, **cost).admitted, "idle: it fits"
+
+    async def main() -> None:
+        streams = [engine.generate(request(engine, f"kv{i}", big, 200)) for i in range(2)]
+        for stream in streams:
+            await anext(stream)
+            await anext(stream)
+        stats = engine.stats()
+        assert stats.kv_usage >= 0.5, stats  # two prompts of 250+ tokens: 3 blocks each of 8
+        refused = decide(meta, stats, config=config, **cost)
+        assert refused.error == KV_EXHAUSTED, refused
+        for stream in streams:
+            await stream.aclose()
+
+    on(loop, main())
+
+
+def _wait_listening(log: Path, proc: subprocess.Popen[bytes]) -> int:
+    """The replica's port from its ``listening`` line (vLLM's start-up log comes first)."""
+    prefix = b"zl-replica listening on http://127.0.0.1:"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in log.read_bytes().splitlines():
+            if line.startswith(prefix):
+                return int(line.rsplit(b":", 1)[1])
+        time.sleep(0.5)
+    raise AssertionError(f"zl-replica did not start:\n{log.read_text()[-4000:]}")
+
+
+def test_zl_replica_serves_vllm_over_h2c_and_http1(model_dir: Path, tmp_path: Path) -> None:
+    """Streams over both protocols; usage counts the prompt in the model's tokens."""
+    import transformers
+
+    log = tmp_path / "replica.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "zerolayer.server", "--port", "0", "--engine", "vllm",
+                "--engine-option", f"model={model_dir}",
+                "--engine-option", f"max_model_len={MAX_MODEL_LEN}",
+                "--engine-option", f"kv_cache_memory_bytes={KV_BYTES * 4}",
+            ],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    try:
+        port = _wait_listening(log, proc)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+        prompt_tokens = len(tokenizer(PROMPT)["input_ids"])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"prompt": PROMPT, "max_tokens": 12, "stream": True, "seed": 3}
+        conn.request("POST", "/v1/completions", orjson.dumps(body))
+        response = conn.getresponse()
+        assert response.status == 200
+        sse = response.read().split(b"\n\n")
+        conn.close()
+        events = [orjson.loads(b[6:]) for b in sse if b.startswith(b"data: {")]
+        assert sum(1 for e in events if e.get("choices")) >= 12
+        assert sse[-2] == b"data: [DONE]"
+
+        async def h2() -> None:
+            client = await H2Client.connect("127.0.0.1", port)
+            streams = [
+                client.completion(PROMPT, 10, stream=True, stream_options={"include_usage": True})
+                for _ in range(3)
+            ]
+            await wait_all(streams, 60)
+            for stream in streams:
+                assert stream.status == 200 and stream.events()[-1] == "[DONE]"
+                usage = stream.events()[-2]["usage"]
+                assert usage["completion_tokens"] == 10
+                assert usage["prompt_tokens"] == prompt_tokens != count_prompt_tokens(PROMPT)
+            await client.close()
+
+        asyncio.run(h2())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
