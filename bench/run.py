@@ -32,7 +32,16 @@ from harness.loaders import LOADERS, LoadResult, needs_tls
 from harness.metrics import summarize
 from harness.profile import PROFILES, SCALES, Profile, load_profile, resolve_name
 from harness.schema import RunEnd, RunMeta, SummaryRow
-from harness.stacks import STACKS, Stack, StackName, StackSpec, StackUnreachable, stand_up
+from harness.stacks import (
+    ALL_STACKS,
+    STACKS,
+    Stack,
+    StackName,
+    StackSpec,
+    StackUnreachable,
+    check_spec,
+    stand_up,
+)
 from harness.telemetry import (
     Component,
     EngineSource,
@@ -58,7 +67,7 @@ class RunConfig:
 
     scale: str = "laptop"
     profiles: tuple[str, ...] = PROFILES
-    stacks: tuple[StackName, ...] = tuple(StackName)
+    stacks: tuple[StackName, ...] = tuple(StackName(s) for s in STACKS)
     engine: str = "sim"
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 2
@@ -283,6 +292,12 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     if stack.external:
         _say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
         return
+    if stack.name.value not in STACKS:
+        _say(
+            f"{stack.name} / {profile.name}: skipped, faults are defined for the zero-layer and "
+            "baseline stacks"
+        )
+        return
     _say(f"{stack.name} / {profile.name}: chaos experiments under profile A's load")
     rows = run_profile_d(stack, profile, run.path, tele.phases)
     print(table(rows), flush=True)
@@ -347,9 +362,14 @@ def _summary_table(rows: Sequence[SummaryRow]) -> str:
 
 
 def _check_external(config: RunConfig) -> None:
-    """Every external stack must answer before anything is started or any load is sent."""
+    """Every stack's spec must be one it can serve (vllm-serve needs the vllm engine) and every
+    external stack must answer, before anything is started or any load is sent."""
     for name in config.stacks:
         spec = config.spec(name)
+        try:
+            check_spec(spec)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
         if not spec.urls:
             continue
         try:
@@ -441,11 +461,11 @@ def _profiles(text: str) -> tuple[str, ...]:
 
 def _stacks(text: str) -> tuple[StackName, ...]:
     names = _csv(text)
-    unknown = [n for n in names if n not in STACKS]
+    unknown = [n for n in names if n not in ALL_STACKS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown stack(s) {', '.join(unknown) or '(none given)'}; choose from "
-            f"{', '.join(STACKS)}"
+            f"{', '.join(ALL_STACKS)}"
         )
     return tuple(dict.fromkeys(StackName(n) for n in names))
 
@@ -491,7 +511,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, from {', '.join(PROFILES)} (or a,b,c,d)",
     )
     parser.add_argument(
-        "--stacks", type=_stacks, default=",".join(STACKS), help=f"from {', '.join(STACKS)}"
+        "--stacks",
+        type=_stacks,
+        default=",".join(STACKS),
+        help=f"comma-separated, from {', '.join(ALL_STACKS)} (vllm-serve: vLLM's own server, "
+        "--engine vllm only)",
     )
     parser.add_argument("--engine", choices=ENGINES, default="sim", help="engine of every replica")
     add_engine_option(parser)

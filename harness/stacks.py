@@ -3,16 +3,19 @@
 Used by ``zl-bench run``, chaos (profile D), the overhead benchmark and the tests alike. A
 zero-layer replica is its own ``zl-replica`` process (as deployed: the loader and the servers
 compete for the cores as they would in production, and chaos can signal it); the baseline is the
-Ray Serve deployment from ``baselines.rayserve``. Either stack can also be one that is already
-running elsewhere (``StackSpec.urls``): then nothing is started or stopped here, and
-:func:`stand_up` only checks that it answers.
+Ray Serve deployment from ``baselines.rayserve``; ``vllm-serve`` (the peer, ``--engine vllm``
+only) is vLLM's own OpenAI server, one process group per replica, load spread over them by the
+SDK's ring. Any stack can also be one that is already running elsewhere (``StackSpec.urls``):
+then nothing is started or stopped here, and :func:`stand_up` only checks that it answers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Unpack, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -31,10 +34,13 @@ import psutil
 
 from harness.certs import self_signed
 from harness.telemetry import Component, EngineTarget
+from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 
 if TYPE_CHECKING:
     from baselines.rayserve import BaselineHandle
     from zerolayer.client import Http1Client, ZeroLayerClient
+    from zerolayer.client.stream import Completion, Stream
+    from zerolayer.client.wire import RequestFields
 
 LISTENING: Final = re.compile(r"zl-replica listening on (https?://\S+)")
 READY_TIMEOUT_S: Final = 60.0
@@ -45,16 +51,27 @@ STATS_WAIT_S: Final = 10.0
 POLL_S: Final = 0.05
 # Serve's actor names -> the telemetry roles (harness.telemetry.process.ROLES).
 BASELINE_ROLES: Final = {"ingress": "orchestrator"}
+# vLLM's own server: a bounded start (about 30 s alone on 2 cores; replicas start together).
+VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
+VLLM_READY_TIMEOUT_S: Final = 240.0
+VLLM_POLL_S: Final = 0.5
+OFFLINE_ENV: Final = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 class StackName(StrEnum):
-    """The two stacks a run compares."""
+    """The stacks a run can compare: the system under test, the baseline, and the peer
+    ``vllm-serve`` (vLLM's own OpenAI server, real vLLM engine only)."""
 
     ZEROLAYER = "zerolayer"
     BASELINE = "baseline"
+    VLLM_SERVE = "vllm-serve"
 
 
-STACKS: Final = tuple(s.value for s in StackName)
+# The stacks a run compares by default and chaos knows faults for; vllm-serve is asked for by name.
+STACKS: Final = (StackName.ZEROLAYER.value, StackName.BASELINE.value)
+ALL_STACKS: Final = tuple(s.value for s in StackName)
+# Stacks whose clients pick the replica (the SDK's ring over every URL); others have a front door.
+ROUTED: Final = frozenset({StackName.ZEROLAYER, StackName.VLLM_SERVE})
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,18 @@ class StackSpec:
 
 class StackUnreachable(Exception):
     """An external stack's URL does not answer; the message names the URL."""
+
+
+def check_spec(spec: StackSpec) -> None:
+    """Raise ValueError (one line) for a spec no stack can serve: too few replicas, or
+    ``vllm-serve`` over an engine other than ``vllm``. ``stand_up`` checks this first."""
+    if spec.replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {spec.replicas}")
+    if spec.name is StackName.VLLM_SERVE and spec.engine != "vllm" and not spec.urls:
+        raise ValueError(
+            f"the vllm-serve stack is vLLM's own server: it needs --engine vllm, "
+            f"not {spec.engine!r}"
+        )
 
 
 def engine_args(engine: str, options: Mapping[str, Any]) -> list[str]:
@@ -230,6 +259,118 @@ class ReplicaProcess:
         self.stop()
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A loopback port nothing listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _health_ok(url: str, timeout_s: float = 2.0) -> bool:
+    import http.client
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+class VllmServer:
+    """One replica of the ``vllm-serve`` stack: vLLM's own OpenAI server
+    (``python -m vllm.entrypoints.openai.api_server``) on a free loopback port, in its own
+    process group (vLLM spawns an engine-core child), its output in ``log_path``.
+
+    The engine flags come from :func:`zerolayer.engine.vllm_engine.server_flags`, the same
+    settings (and CPU defaults) the zero-layer replica's in-process engine gets.
+    """
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        log_path: str | Path,
+        *,
+        ready_timeout_s: float = VLLM_READY_TIMEOUT_S,
+    ) -> None:
+        from zerolayer.engine.vllm_engine import server_flags
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path)
+        self.command = [
+            sys.executable, "-m", VLLM_SERVER_MODULE, *server_flags(dict(options)),
+            # usage on every stream's last event: output tokens in the model's own count
+            "--enable-force-include-usage",
+            "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        self._ready_timeout_s = ready_timeout_s
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        self.pid = self._proc.pid
+
+    def _log_tail(self, chars: int = 3000) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-chars:]
+
+    def wait_ready(self) -> str:
+        """Wait (bounded) until ``/health`` answers 200; raise with the log's tail otherwise."""
+        deadline = time.monotonic() + self._ready_timeout_s
+        while not _health_ok(self.url):
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server {self.url} exited at start (status {self._proc.returncode}); "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"vLLM server {self.url} not healthy after {self._ready_timeout_s:.0f} s; "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            time.sleep(VLLM_POLL_S)
+        return self.url
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def children(self) -> list[int]:
+        """The server's descendants (vLLM's engine core and its helpers)."""
+        try:
+            return [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def group(self) -> list[psutil.Process]:
+        """Every live process of the server's process group (its session, started here)."""
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) == self.pid:
+                    found.append(proc)
+        return found
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the whole process group, then SIGKILL to whatever of it is left."""
+        procs = self.group()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGTERM)
+        _, left = psutil.wait_procs(procs, timeout=timeout_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        psutil.wait_procs(left, timeout=5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(5.0)
+
+
 def client_tls(ca: Path | None, alpn: Sequence[str] = ("h2",)) -> ssl.SSLContext | None:
     """A client context that trusts exactly the stack's certificate (None without TLS)."""
     if ca is None:
@@ -239,11 +380,44 @@ def client_tls(ca: Path | None, alpn: Sequence[str] = ("h2",)) -> ssl.SSLContext
     return ctx
 
 
+class Http1Router:
+    """HTTP/1.1 to several replicas, each request to the one the SDK's ring picks: keyed by its
+    session, or (like the SDK, which places a sessionless request by its own request id) by a
+    fresh id. One ``Http1Client`` per replica URL; ``stream``/``complete`` as theirs."""
+
+    def __init__(self, clients: Sequence[Http1Client]) -> None:
+        self.clients = {c.url: c for c in clients}
+        self.ring = HashRing(dict.fromkeys(self.clients), DEFAULT_VNODES)
+        self._ids = itertools.count()
+        self._prefix = f"r{os.getpid():x}-"
+
+    def pick(self, session: str = "") -> Http1Client:
+        """The client of the replica the ring gives ``session`` (or a fresh id)."""
+        return self.clients[self.ring.lookup(session or f"{self._prefix}{next(self._ids)}")]
+
+    def stream(self, **fields: Unpack[RequestFields]) -> Stream:
+        return self.pick(fields.get("session", "")).stream(**fields)
+
+    async def complete(self, **fields: Unpack[RequestFields]) -> Completion:
+        return await self.pick(fields.get("session", "")).complete(**fields)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+    async def __aenter__(self) -> Http1Router:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 def client_for(
     protocol: str, urls: Sequence[str], tls_ca: Path | None = None, **options: Any
 ) -> ZeroLayerClient | Http1Client:
     """The SDK client for a stack's URLs: ``h2`` routes over all of them with the zero-layer SDK,
-    ``http1`` goes to the one front door. ``Stack.open_client`` and chaos (whose load goes
+    ``http1`` goes to the one front door. ``Stack.open_client`` (which puts an
+    :class:`Http1Router` over one of these per replica for vllm-serve) and chaos (whose load goes
     through its fault proxy) build every client here."""
     from zerolayer.client import Http1Client, ZeroLayerClient
 
@@ -288,6 +462,7 @@ class Stack:
         baseline: BaselineHandle | None = None,
         tls_ca: Path | None = None,
         stats_dir: Path | None = None,
+        servers: Sequence[VllmServer] = (),
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -299,10 +474,17 @@ class Stack:
         self.replicas = list(replicas)
         self.baseline = baseline
         self.stats_dir = stats_dir
+        self.servers = list(servers)
 
     def pids(self) -> dict[str, list[int]]:
         """Live process ids by telemetry role (``replica``; or ``orchestrator``, ``proxy``,
-        ``controller``, ``engine`` for the baseline, asked of Ray so replaced actors count)."""
+        ``controller``, ``engine`` for the baseline, asked of Ray so replaced actors count;
+        ``replica`` and their children as ``engine`` for vllm-serve)."""
+        if self.servers:
+            return {
+                "replica": [s.pid for s in self.servers if s.alive()],
+                "engine": [pid for s in self.servers for pid in s.children()],
+            }
         if self.baseline is not None:
             pids = self.baseline.pids()
             return {BASELINE_ROLES.get(role, role): list(p) for role, p in pids.items()}
@@ -320,10 +502,14 @@ class Stack:
 
     def engine_targets(self) -> list[EngineTarget]:
         """Telemetry sources for the stack's engines: each zero-layer replica's ``/metrics``;
-        the stats files the baseline's engine replicas publish (waited for briefly)."""
-        if self.name is StackName.ZEROLAYER:
+        each vLLM server's own ``/metrics``; the stats files the baseline's engine replicas publish
+        (waited for briefly)."""
+        if self.name in ROUTED:
+            prefix = "zl" if self.name is StackName.ZEROLAYER else "vllm"
             return [
-                EngineTarget.metrics(f"zl-{i}", self.name, f"{url}/metrics", tls_ca=self.tls_ca)
+                EngineTarget.metrics(
+                    f"{prefix}-{i}", self.name, f"{url}/metrics", tls_ca=self.tls_ca
+                )
                 for i, url in enumerate(self.urls)
             ]
         if self.stats_dir is None:
@@ -342,8 +528,12 @@ class Stack:
             files = sorted(self.stats_dir.glob("engine-stats-*.jsonl"))
         return files
 
-    def open_client(self, **options: Any) -> ZeroLayerClient | Http1Client:
-        """The SDK client for this stack (options go to the client's constructor)."""
+    def open_client(self, **options: Any) -> ZeroLayerClient | Http1Client | Http1Router:
+        """The SDK client for this stack (options go to the client's constructor); for
+        vllm-serve with several replicas an :class:`Http1Router` over one client each."""
+        if self.protocol == "http1" and len(self.urls) > 1:
+            clients = [client_for("http1", [url], self.tls_ca, **options) for url in self.urls]
+            return Http1Router([cast("Http1Client", c) for c in clients])
         return client_for(self.protocol, self.urls, self.tls_ca, **options)
 
     def replica_restarted(self, url: str, pid: int) -> None:
@@ -359,6 +549,8 @@ class Stack:
                 replica.stop()
         if self.baseline is not None:
             self.baseline.close()
+        for server in self.servers:
+            server.stop()
 
     def __enter__(self) -> Stack:
         return self
@@ -374,6 +566,8 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
         tls = self_signed(workdir / "tls")
         tls_ca = tls[0]
     started: list[ReplicaProcess] = []
+    # A real vLLM engine starts in ~30 s alone on 2 cores; replicas start together.
+    ready_timeout_s = VLLM_READY_TIMEOUT_S if spec.engine == "vllm" else READY_TIMEOUT_S
     try:
         for i in range(spec.replicas):
             started.append(
@@ -383,6 +577,7 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
                     name=f"zl-{i}",
                     tls=tls,
                     log_path=workdir / f"zl-replica-{i}.log",
+                    ready_timeout_s=ready_timeout_s,
                     wait=False,
                 )
             )
@@ -418,13 +613,34 @@ def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
     return Stack(spec, [handle.url], metadata=metadata, baseline=handle, stats_dir=stats_dir)
 
 
+def _stand_up_vllm_serve(spec: StackSpec, workdir: Path) -> Stack:
+    started: list[VllmServer] = []
+    try:
+        for i in range(spec.replicas):  # all start at once, then each is waited for
+            started.append(VllmServer(spec.engine_options, workdir / f"vllm-serve-{i}.log"))
+        for server in started:
+            server.wait_ready()
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    metadata = {
+        "impl": "vllm api_server processes",
+        "replicas": spec.replicas,
+        "engine": spec.engine,
+        "engine_options": dict(spec.engine_options),
+        "command": started[0].command[:-2],
+    }
+    return Stack(spec, [s.url for s in started], metadata=metadata, servers=started)
+
+
 def stand_up(spec: StackSpec, workdir: Path) -> Stack:
     """Start the stack (or, for an external one, check every URL answers) and return it.
 
-    Logs, the TLS certificate and the baseline's engine stats go under ``workdir``.
+    Logs, the TLS certificate and the baseline's engine stats go under ``workdir``. Raises
+    ValueError for a spec :func:`check_spec` refuses (vllm-serve needs ``engine="vllm"``).
     """
-    if spec.replicas < 1:
-        raise ValueError(f"replicas must be >= 1, got {spec.replicas}")
+    check_spec(spec)
     if spec.urls:
         for url in spec.urls:
             try:
@@ -437,4 +653,6 @@ def stand_up(spec: StackSpec, workdir: Path) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     if spec.name is StackName.ZEROLAYER:
         return _stand_up_zerolayer(spec, workdir)
+    if spec.name is StackName.VLLM_SERVE:
+        return _stand_up_vllm_serve(spec, workdir)
     return _stand_up_baseline(spec, workdir)

@@ -233,8 +233,11 @@ def test_stream_matches_the_zero_layer_replica(
     assert ours.status == theirs.status == 200
     assert ours.text() == theirs.text() != ""
     assert ours.events()[-1] == theirs.events()[-1] == "[DONE]"
-    usage = [[e.get("usage") for e in r.events() if isinstance(e, dict)] for r in (ours, theirs)]
-    assert usage[0] == usage[1]
+    # How many steps one SSE event carries depends on how loaded the machine is (a slow reader
+    # gets steps merged), so compare what is reported, not how the stream was cut into events.
+    usage = [[e["usage"] for e in r.events() if isinstance(e, dict) and e.get("usage")]
+             for r in (ours, theirs)]  # fmt: skip
+    assert usage[0] == usage[1] and len(usage[0]) == 1
 
 
 @pytest.mark.parametrize(

@@ -10,18 +10,25 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.loaders.base import replica_routes
 from harness.stacks import (
+    ALL_STACKS,
     REACH_TIMEOUT_S,
+    STACKS,
+    Http1Router,
     Stack,
     StackName,
     StackSpec,
     StackUnreachable,
+    client_for,
     engine_args,
     spawn_replica,
     stand_up,
     wait_listening,
 )
-from zerolayer.client import ZeroLayerClient
+from harness.workload import PlannedRequest
+from zerolayer.client import Http1Client, ZeroLayerClient
+from zerolayer.engine.vllm_engine import CPU_DEFAULTS, server_flags
 
 
 def _complete(stack: Stack, n: int = 8) -> list[str]:
@@ -101,3 +108,66 @@ def test_a_killed_replica_comes_back_with_its_command_and_is_adopted(tmp_path: P
         assert stack.pids()["replica"] == [stack.replicas[0].pid, proc.pid]
         assert len(_complete(stack)) == 8
     assert proc.poll() is not None, "close() stops an adopted replica too"
+
+
+def test_vllm_serve_is_a_stack_asked_for_by_name_and_needs_the_vllm_engine(tmp_path: Path) -> None:
+    assert "vllm-serve" in ALL_STACKS and "vllm-serve" not in STACKS
+    with pytest.raises(ValueError, match="needs --engine vllm"):
+        stand_up(StackSpec(StackName.VLLM_SERVE, engine="sim", replicas=1), tmp_path)
+    assert not list(tmp_path.iterdir()), "refused before anything starts"
+
+
+def test_server_flags_carry_the_engine_config_and_its_cpu_defaults() -> None:
+    flags = server_flags({"model": "/m", "max_model_len": 512, "max_num_seqs": 8}, on_cpu=True)
+    pairs = dict(zip(flags, [*flags[1:], ""], strict=True))
+    assert pairs["--model"] == "/m" and pairs["--max-model-len"] == "512"
+    assert pairs["--max-num-seqs"] == "8" and pairs["--dtype"] == CPU_DEFAULTS["dtype"]
+    assert pairs["--kv-cache-memory-bytes"] == str(CPU_DEFAULTS["kv_cache_memory_bytes"])
+    assert "--enforce-eager" in flags and "--no-skip-tokenizer-init" in flags
+    assert "--temperature" not in flags and "--disable-log-stats" not in flags
+    gpu = server_flags({"model": "/m", "dtype": "bfloat16"}, on_cpu=False)
+    assert "--kv-cache-memory-bytes" not in gpu and gpu[gpu.index("--dtype") + 1] == "bfloat16"
+
+
+def test_http1_over_several_replicas_routes_by_the_sdk_ring(tmp_path: Path) -> None:
+    """vllm-serve's client shape (one HTTP/1.1 client per replica, the ring picks), exercised on
+    two zl-replicas, which speak HTTP/1.1 too; the loaders' plan routes the same way."""
+    spec = StackSpec(StackName.ZEROLAYER, engine="null", replicas=2)
+    with stand_up(spec, tmp_path) as replicas:
+        peer = StackSpec(StackName.VLLM_SERVE, engine="vllm", replicas=2)
+        stack = Stack(peer, replicas.urls, metadata={})  # vllm-serve's shape over zl-replicas
+        router = stack.open_client()
+        assert isinstance(router, Http1Router) and isinstance(router.pick("s1"), Http1Client)
+        assert isinstance(client_for("http1", stack.urls[:1]), Http1Client)
+        with pytest.raises(ValueError, match="exactly one URL"):
+            client_for("http1", stack.urls)
+        schedule = [
+            PlannedRequest(i, f"r{i}", 0.0, "chat", 64, 4, i, f"s{i}", "t", "normal", 5000)
+            for i in range(16)
+        ]
+        routes = replica_routes(schedule, stack)
+        assert [router.pick(r.session).url for r in schedule] == routes
+        assert set(routes) == set(stack.urls), "both replicas get a share"
+
+        async def go() -> set[str]:
+            async with router:
+                done = [
+                    await router.complete(prompt=f"hi {i}", max_tokens=3, session=f"s{i}")
+                    for i in range(8)
+                ]
+            return {d.timing.replica for d in done}
+
+        assert asyncio.run(go()) == set(stack.urls)
+
+
+def test_profile_d_skips_vllm_serve_with_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from typing import Any, cast
+
+    from bench.run import FAULT_PROFILE, _run_fault_profile
+    from harness.profile import load_profile
+
+    spec = StackSpec(StackName.VLLM_SERVE, engine="vllm", replicas=1)
+    stack = Stack(spec, ["http://127.0.0.1:1"], metadata={})
+    profile = load_profile(FAULT_PROFILE, "smoke", None)
+    _run_fault_profile(profile, stack, cast(Any, None), cast(Any, None))
+    assert "faults are defined for the zero-layer and baseline stacks" in capsys.readouterr().out

@@ -27,7 +27,7 @@ result's ``extra`` (``loader_cpu_us_per_request``), so its cost can be compared 
 
 ``NativeLoader`` is the ``harness.loaders.Loader`` over a whole stack: its client comes from
 ``Stack.open_client`` (HTTP/2 through the SDK's ring to every zero-layer replica, HTTP/1.1 to the
-baseline's front door).
+baseline's front door, or to vllm-serve's replicas by the same ring through ``Http1Router``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from zerolayer.engine import Engine, EngineError, EngineRequest
 
 if TYPE_CHECKING:
     from harness.profile import Profile
-    from harness.stacks import Stack
+    from harness.stacks import Http1Router, Stack
 
 SendFn = Callable[[PlannedRequest, RequestRecord], Awaitable[None]]
 # submit(request, record, done): start the request now; done(record) once it has ended.
@@ -451,7 +451,7 @@ def copy_timing(timing: Timing, rec: RequestRecord, tokens: int) -> None:
     rec.outcome = _OUTCOMES[timing.outcome]
 
 
-def client_sender(client: ZeroLayerClient | Http1Client) -> Sender:
+def client_sender(client: ZeroLayerClient | Http1Client | Http1Router) -> Sender:
     """Send through a zero-layer client (``ZeroLayerClient`` over HTTP/2 or ``Http1Client``).
 
     Both clients expose ``stream(prompt=..., ...)`` with a ``timing`` record and raise

@@ -23,6 +23,9 @@ from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, Timing
 from zerolayer.client.wire import Prepared, RequestFields, RequestIssuer, ZeroLayerError
 
+# As the HTTP/2 client sends it: vLLM's own server refuses a body without it (400).
+JSON = (b"content-type", b"application/json")
+
 _now = time.time_ns
 
 
@@ -49,7 +52,7 @@ class H11Connection(asyncio.Protocol):
         self.answered = False
         sink.attach(self, 0)
         head = h11.Request(
-            method=b"POST", target=req.path, headers=[self._pool.host_header, *req.headers]
+            method=b"POST", target=req.path, headers=[self._pool.host_header, JSON, *req.headers]
         )
         data = conn.send(head) + conn.send(h11.Data(data=req.body)) + conn.send(h11.EndOfMessage())
         assert self._transport is not None

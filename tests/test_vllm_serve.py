@@ -1,0 +1,95 @@
+"""The ``vllm-serve`` stack against the real CPU vLLM (``nox -s vllm``): vLLM's own OpenAI server.
+
+One server (one replica) on the offline tiny model serves every test here (a vLLM start takes
+about 30 s on two cores); the last test closes it and checks no process of its group is left.
+Where vLLM is not installed, everything here skips with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.stacks import Stack, StackName, StackSpec, VllmServer, stand_up
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed (the CPU build installs with: nox -s vllm)",
+    ),
+]
+
+MAX_TOKENS = 12
+OPTIONS = {"max_model_len": 512, "kv_cache_memory_bytes": 4 << 20, "max_num_seqs": 8}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from zerolayer.engine.tinymodel import write_tiny_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("vllm-serve")
+    model = write_tiny_model(root / "tiny")
+    spec = StackSpec(
+        StackName.VLLM_SERVE, engine="vllm", engine_options={"model": str(model), **OPTIONS},
+        replicas=1,
+    )  # fmt: skip
+    with stand_up(spec, root / "stack") as up:
+        yield up
+
+
+def test_stack_is_vllms_own_server_over_http1(stack: Stack) -> None:
+    assert stack.protocol == "http1" and len(stack.urls) == 1 and not stack.external
+    assert "vllm.entrypoints.openai.api_server" in stack.metadata["command"]
+    assert "--kv-cache-memory-bytes" in stack.metadata["command"]
+    pids = stack.pids()
+    assert len(pids["replica"]) == 1 and pids["engine"], "the server and its engine core"
+    roles = {c.role for c in stack.components()}
+    assert roles == {"replica", "engine"}
+
+
+def test_streams_a_completion_through_the_stacks_client(stack: Stack) -> None:
+    async def go() -> tuple[int, int, int, str]:
+        async with stack.open_client() as client:
+            stream = client.stream(prompt="the replica streams", max_tokens=MAX_TOKENS, seed=3)
+            chunks = 0
+            async with stream as s:
+                async for _ in s:
+                    chunks += 1
+            t = stream.timing
+            return chunks, t.status, t.output_tokens, t.replica
+
+    chunks, status, tokens, replica = asyncio.run(go())
+    assert status == 200 and chunks >= 1 and replica == stack.urls[0]
+    # usage (forced on by the stack) counts in the model's own tokens; EOS may end it early
+    assert 1 <= tokens <= MAX_TOKENS
+
+
+def test_engine_targets_read_vllms_own_metrics(stack: Stack) -> None:
+    (target,) = stack.engine_targets()
+    assert target.how == f"{stack.urls[0]}/metrics"
+    row = target.read()
+    assert {"running", "waiting", "kv_usage"} <= set(row)
+    assert row["running"] == 0 and 0.0 <= row["kv_usage"] <= 1.0
+
+
+def test_close_leaves_no_process(stack: Stack) -> None:
+    server = stack.servers[0]
+    group = [p.pid for p in server.group()]
+    assert server.pid in group and len(group) >= 2
+    stack.close()
+    alive = [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive and not server.group()
+
+
+def test_stand_up_refuses_another_engine(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs --engine vllm"):
+        stand_up(StackSpec(StackName.VLLM_SERVE, engine="null", replicas=1), tmp_path)
+    assert VllmServer.__name__  # the stack's replica type is public for chaos and bench
