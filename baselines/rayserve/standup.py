@@ -11,8 +11,9 @@ import http.client
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import psutil
 
@@ -29,7 +30,6 @@ from baselines.rayserve.config import (
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 LOCAL_NUM_CPUS = 2
 EXIT_WAIT_S = 15.0
-RAY_BINARIES = frozenset({"raylet", "gcs_server"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,24 +39,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _init_ray(ray_address: str | None, throughput_optimized: bool | None) -> bool:
+def init_ray(
+    ray_address: str | None, throughput_optimized: bool | None, num_cpus: int = LOCAL_NUM_CPUS
+) -> bool:
     """Start or attach to Ray; True when this process started it (and so must stop it).
 
     ``throughput_optimized`` sets ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` in this process's
     environment, which a Ray started here passes on to the controller, proxy and replicas.
+    ``num_cpus`` is Ray's bookkeeping for a local Ray, not the cores its processes may use.
     """
     import ray
 
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if throughput_optimized is not None and not ray_address:
-        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
     if ray_address:
         ray.init(address=ray_address, log_to_driver=False)
         return False
+    if throughput_optimized is not None:
+        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
     ray.init(
-        num_cpus=LOCAL_NUM_CPUS,
+        num_cpus=num_cpus,
         object_store_memory=OBJECT_STORE_BYTES,
         include_dashboard=False,
         log_to_driver=False,
@@ -105,36 +108,44 @@ def _deploy(config: BaselineConfig) -> None:
     serve.run(app, name=APP_NAME, route_prefix="/")
 
 
-def wait_healthy(host: str, port: int, timeout_s: float) -> None:
-    """Poll ``GET /health`` until it answers 200, or raise TimeoutError."""
+def wait_http(
+    host: str, port: int, path: str, ready: Callable[[int, bytes], bool], timeout_s: float
+) -> None:
+    """Poll ``GET path`` until ``ready(status, body)``, or raise TimeoutError with the last
+    answer (a stand-up is done when its front door says so, not when Ray says deployed)."""
     end = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < end:
-        conn = http.client.HTTPConnection(host, port, timeout=2.0)
+        conn = http.client.HTTPConnection(host, port, timeout=5.0)
         try:
-            conn.request("GET", "/health")
+            conn.request("GET", path)
             response = conn.getresponse()
-            response.read()
-            if response.status == 200:
+            body = response.read()
+            if ready(response.status, body):
                 return
-            last = response.status
+            last = (response.status, body[:200])
         except OSError as exc:
             last = exc
         finally:
             conn.close()
         time.sleep(0.1)
-    raise TimeoutError(f"baseline not healthy on {host}:{port} after {timeout_s} s: {last!r}")
+    raise TimeoutError(f"no ready answer from {host}:{port}{path} after {timeout_s} s: {last!r}")
+
+
+def alive_actors() -> Iterator[tuple[str, int]]:
+    """(name, pid) of every live named Ray actor, from the GCS."""
+    from ray._private import state
+
+    for actor in state.actors().values():
+        name, pid = actor.get("Name") or "", actor.get("Pid")
+        if actor.get("State") == "ALIVE" and pid:
+            yield name, pid
 
 
 def serve_actor_pids() -> dict[str, list[int]]:
     """Live pids of Serve's controller, proxies, ingress and engine replicas (from the GCS)."""
-    from ray._private import state
-
     pids: dict[str, list[int]] = {"controller": [], "proxy": [], "ingress": [], "engine": []}
-    for actor in state.actors().values():
-        name, pid = actor.get("Name") or "", actor.get("Pid")
-        if actor.get("State") != "ALIVE" or not pid:
-            continue
+    for name, pid in alive_actors():
         if name == "SERVE_CONTROLLER_ACTOR":
             pids["controller"].append(pid)
         elif name.startswith("SERVE_PROXY_ACTOR"):
@@ -146,72 +157,99 @@ def serve_actor_pids() -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in pids.items()}
 
 
-def _cluster_serve_settings(timeout_s: float) -> dict[str, Any]:
-    """The Serve flags as a worker of the cluster sees them, like the replicas do (the driver's
-    own may differ: Serve reads them once, at import)."""
+def on_a_worker(read: Callable[[], dict[str, Any]], timeout_s: float) -> dict[str, Any]:
+    """``read()`` run by a worker of the cluster: Serve's flags as its replicas see them (the
+    driver's own may differ: Serve reads them once, at import)."""
     import ray
 
-    def read() -> dict[str, Any]:
-        return {"serve_constants": serve_constants(), "serve_env": serve_env_flags()}
-
-    return ray.get(ray.remote(num_cpus=0)(read).remote(), timeout=timeout_s)
+    settings: dict[str, Any] = ray.get(ray.remote(num_cpus=0)(read).remote(), timeout=timeout_s)
+    return settings
 
 
-@dataclass
-class BaselineHandle:
-    """A running baseline: where to send traffic, how it is configured, and how to stop it."""
+def _serve_settings() -> dict[str, Any]:
+    return {"serve_constants": serve_constants(), "serve_env": serve_env_flags()}
 
+
+@dataclass(kw_only=True)
+class ServeHandle:
+    """A Serve app stood up here: where to send traffic, its settings, and how to stop it.
+
+    ``close`` stops the Ray started here (all of it, Serve included) and waits for every process
+    it started; attached to a cluster, it deletes only the app.
+    """
+
+    APP: ClassVar[str] = APP_NAME
     url: str
-    config: BaselineConfig
     owns_ray: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     _ray_processes: list[psutil.Process] = field(default_factory=list)
     _closed: bool = False
 
     def pids(self) -> dict[str, list[int]]:
-        """Process ids by role (``controller``, ``proxy``, ``ingress``, ``engine``)."""
-        return serve_actor_pids()
+        """Process ids by role (each baseline names its own roles)."""
+        raise NotImplementedError
 
     def ray_processes(self) -> list[psutil.Process]:
-        """Every process this handle's local Ray started (empty when attached to a cluster)."""
-        return list(self._ray_processes)
+        """Every process the local Ray started here, with what those started (workers, engine
+        processes); not other children of this process. Empty when attached to a cluster."""
+        return with_children(self._ray_processes) if self.owns_ray else []
 
     def close(self) -> None:
-        """Stop the Ray started here (all of it, Serve included) and wait for its processes;
-        when attached to a cluster, delete only the app."""
-        if self._closed:
-            return
-        self._closed = True
-        import ray
-        from ray import serve
+        if not self._closed:
+            self._closed = True
+            shutdown_ray(self.owns_ray, self.APP, self.ray_processes())
 
-        try:
-            if not self.owns_ray:
-                serve.delete(APP_NAME)
-        finally:
-            processes = self._ray_processes + _ray_descendants() if self.owns_ray else []
-            ray.shutdown()
-            _reap(processes)
-
-    def __enter__(self) -> BaselineHandle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _is_ray(proc: psutil.Process) -> bool:
+@dataclass(kw_only=True)
+class BaselineHandle(ServeHandle):
+    """The orchestrator baseline: proxy -> ingress -> engine replicas."""
+
+    config: BaselineConfig
+
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids by role (``controller``, ``proxy``, ``ingress``, ``engine``)."""
+        return serve_actor_pids()
+
+
+def processes_since(before: frozenset[int]) -> list[psutil.Process]:
+    """This process's descendants that were not there in ``before``: right after ``ray.init``,
+    the Ray it started (gcs_server, raylet, agents), not, say, a replica a test started."""
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def child_pids() -> frozenset[int]:
+    return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+
+
+def with_children(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """``processes`` and everything they started (Ray's workers, vLLM's engine cores), once."""
+    found = {p.pid: p for p in processes}
+    for proc in processes:
+        try:
+            found.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            continue
+    return list(found.values())
+
+
+def shutdown_ray(owns_ray: bool, app_name: str, processes: list[psutil.Process]) -> None:
+    """Stop a Ray started here and wait for ``processes``; attached to a cluster, delete only
+    ``app_name``."""
+    import ray
+    from ray import serve
+
     try:
-        name = proc.name()
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return name.startswith("ray::") or name in RAY_BINARIES or "/ray/" in cmdline
-
-
-def _ray_descendants() -> list[psutil.Process]:
-    """This process's descendants that belong to Ray (not, say, a replica a test started)."""
-    return [p for p in psutil.Process().children(recursive=True) if _is_ray(p)]
+        if not owns_ray:
+            serve.delete(app_name)
+    finally:
+        ray.shutdown()
+        _reap(processes)
 
 
 def _reap(processes: list[psutil.Process]) -> None:
@@ -248,11 +286,13 @@ def start_baseline(
         **settings,
     )
     config = replace(config, port=port or free_port(config.host))
-    owns_ray = _init_ray(ray_address, config.throughput_optimized)
+    before = child_pids()
+    owns_ray = init_ray(ray_address, config.throughput_optimized)
+    processes = processes_since(before) if owns_ray else []
     try:
-        processes = _ray_descendants() if owns_ray else []
         _deploy(config)
-        wait_healthy(config.host, config.port, ready_timeout_s)
+        wait_http(config.host, config.port, "/health", lambda status, _: status == 200,
+                  ready_timeout_s)  # fmt: skip
         handle = BaselineHandle(
             url=f"http://{config.host}:{config.port}",
             config=config,
@@ -260,14 +300,10 @@ def start_baseline(
             metadata={**config.metadata(), "ray_address": ray_address or "local"},
             _ray_processes=processes,
         )
-        handle.metadata.update(_cluster_serve_settings(ready_timeout_s))
+        handle.metadata.update(on_a_worker(_serve_settings, ready_timeout_s))
         handle.metadata["pids"] = handle.pids()
         return handle
     except BaseException:
-        import ray
-
         if owns_ray:
-            processes = _ray_descendants()
-            ray.shutdown()
-            _reap(processes)
+            shutdown_ray(owns_ray, APP_NAME, with_children(processes))
         raise

@@ -9,17 +9,26 @@ process it started, vLLM's engine-core processes included.
 
 from __future__ import annotations
 
-import http.client
-import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import psutil
 
 from baselines.rayserve.config import serve_constants, serve_env_flags
-from baselines.rayserve.standup import OBJECT_STORE_BYTES, _reap, free_port
+from baselines.rayserve.standup import (
+    ServeHandle,
+    alive_actors,
+    child_pids,
+    free_port,
+    init_ray,
+    on_a_worker,
+    processes_since,
+    shutdown_ray,
+    wait_http,
+    with_children,
+)
 from baselines.rayserve_llm.config import (
     APP_NAME,
     LlmBaselineConfig,
@@ -38,28 +47,6 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-def _init_ray(ray_address: str | None, replicas: int, throughput_optimized: bool | None) -> bool:
-    """Start or attach to Ray; True when this process started it (and so must stop it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray_address:
-        ray.init(address=ray_address, log_to_driver=False)
-        return False
-    if throughput_optimized is not None:
-        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
-    ray.init(
-        num_cpus=CPUS_PER_REPLICA * replicas + EXTRA_CPUS,
-        object_store_memory=OBJECT_STORE_BYTES,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    return True
 
 
 def _deployments(app: Any) -> dict[str, Any]:
@@ -117,33 +104,15 @@ def _deploy(config: LlmBaselineConfig) -> dict[str, Any]:
     return deployed
 
 
-def wait_models(host: str, port: int, model_id: str, timeout_s: float) -> None:
-    """Poll ``GET /v1/models`` until it lists ``model_id``, or raise TimeoutError."""
-    end = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < end:
-        conn = http.client.HTTPConnection(host, port, timeout=5.0)
-        try:
-            conn.request("GET", "/v1/models")
-            response = conn.getresponse()
-            body = response.read()
-            if response.status == 200 and model_id.encode() in body:
-                return
-            last = (response.status, body[:200])
-        except OSError as exc:
-            last = exc
-        finally:
-            conn.close()
-        time.sleep(0.2)
-    raise TimeoutError(f"Ray Serve LLM not ready on {host}:{port} after {timeout_s} s: {last!r}")
+def _lists(model_id: str) -> Callable[[int, bytes], bool]:
+    """Ready when ``GET /v1/models`` lists the model (the ingress knows its engine)."""
+    return lambda status, body: status == 200 and model_id.encode() in body
 
 
 def llm_actor_pids() -> dict[str, list[int]]:
     """Live pids by role: Serve's ``controller`` and ``proxy``, the OpenAI ``ingress`` (which
     also routes, unless direct streaming adds an ``LLMRouter``: ``router``), the ``engine``
     replicas (``LLMServer`` actors) and their vLLM ``engine_core`` child processes."""
-    from ray._private import state
-
     pids: dict[str, list[int]] = {
         "controller": [],
         "proxy": [],
@@ -153,10 +122,7 @@ def llm_actor_pids() -> dict[str, list[int]]:
         "engine_core": [],
     }
     replica = f"SERVE_REPLICA::{APP_NAME}#"
-    for actor in state.actors().values():
-        name, pid = actor.get("Name") or "", actor.get("Pid")
-        if actor.get("State") != "ALIVE" or not pid:
-            continue
+    for name, pid in alive_actors():
         deployment = name[len(replica) :].split("#")[0] if name.startswith(replica) else ""
         if name == "SERVE_CONTROLLER_ACTOR":
             pids["controller"].append(pid)
@@ -179,81 +145,26 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _cluster_settings(timeout_s: float) -> dict[str, Any]:
-    """Serve's and Serve LLM's flags as a worker of the cluster sees them, as replicas do."""
-    import ray
-
-    def read() -> dict[str, Any]:
-        return {
-            "serve_constants": serve_constants(),
-            "serve_env": serve_env_flags(),
-            "llm_constants": llm_constants(),
-        }
-
-    return ray.get(ray.remote(num_cpus=0)(read).remote(), timeout=timeout_s)
+def _settings() -> dict[str, Any]:
+    """Serve's and Serve LLM's flags, read on a worker of the cluster as replicas see them."""
+    return {
+        "serve_constants": serve_constants(),
+        "serve_env": serve_env_flags(),
+        "llm_constants": llm_constants(),
+    }
 
 
-def _descendants(exclude: frozenset[int]) -> list[psutil.Process]:
-    """This process's descendants that were not there before Ray started."""
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in exclude]
+@dataclass(kw_only=True)
+class LlmBaselineHandle(ServeHandle):
+    """A running Ray Serve LLM (ingress -> LLMServer replicas, vLLM inside each)."""
 
-
-def _with_children(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """``processes`` and everything they started, each once."""
-    found = {p.pid: p for p in processes}
-    for proc in processes:
-        try:
-            found.update({c.pid: c for c in proc.children(recursive=True)})
-        except psutil.NoSuchProcess:
-            continue
-    return list(found.values())
-
-
-@dataclass
-class LlmBaselineHandle:
-    """A running Ray Serve LLM: where to send traffic, how it is configured, how to stop it."""
-
-    url: str
+    APP: ClassVar[str] = APP_NAME
     config: LlmBaselineConfig
-    owns_ray: bool
-    metadata: dict[str, Any] = field(default_factory=dict)
-    _processes: list[psutil.Process] = field(default_factory=list)
-    _closed: bool = False
 
     def pids(self) -> dict[str, list[int]]:
         """Process ids by role: ``controller``, ``proxy``, ``ingress``, ``router``, ``engine``,
         ``engine_core``."""
         return llm_actor_pids()
-
-    def ray_processes(self) -> list[psutil.Process]:
-        """Every process the local Ray started here, with what those started (workers, vLLM's
-        engine cores); not other children of this process. Empty when attached to a cluster."""
-        if not self.owns_ray:
-            return []
-        return _with_children(self._processes)
-
-    def close(self) -> None:
-        """Stop the Ray started here and wait for all its processes (vLLM's included); when
-        attached to a cluster, delete only the app."""
-        if self._closed:
-            return
-        self._closed = True
-        import ray
-        from ray import serve
-
-        try:
-            if not self.owns_ray:
-                serve.delete(APP_NAME)
-        finally:
-            processes = self.ray_processes()
-            ray.shutdown()
-            _reap(processes)
-
-    def __enter__(self) -> LlmBaselineHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def start_llm_baseline(
@@ -280,13 +191,14 @@ def start_llm_baseline(
         **settings,
     )
     config = replace(config, port=port or free_port(config.host), on_cpu=_on_cpu())
-    before = frozenset(p.pid for p in psutil.Process().children(recursive=True))
-    owns_ray = _init_ray(ray_address, replicas, config.throughput_optimized)
-    processes = _descendants(before) if owns_ray else []  # gcs_server, raylet, Ray's agents
+    before = child_pids()
+    cpus = CPUS_PER_REPLICA * replicas + EXTRA_CPUS
+    owns_ray = init_ray(ray_address, config.throughput_optimized, num_cpus=cpus)
+    processes = processes_since(before) if owns_ray else []  # gcs_server, raylet, Ray's agents
     try:
         started = time.monotonic()
         deployed = _deploy(config)
-        wait_models(config.host, config.port, config.model_id, ready_timeout_s)
+        wait_http(config.host, config.port, "/v1/models", _lists(config.model_id), ready_timeout_s)
         handle = LlmBaselineHandle(
             url=f"http://{config.host}:{config.port}",
             config=config,
@@ -294,20 +206,16 @@ def start_llm_baseline(
             metadata={
                 **config.metadata(),
                 "ray_address": ray_address or "local",
-                "ray_num_cpus": CPUS_PER_REPLICA * replicas + EXTRA_CPUS if owns_ray else None,
+                "ray_num_cpus": cpus if owns_ray else None,
                 "deployments": deployed,
                 "ready_s": round(time.monotonic() - started, 1),
             },
-            _processes=processes,
+            _ray_processes=processes,
         )
-        handle.metadata.update(_cluster_settings(ready_timeout_s))
+        handle.metadata.update(on_a_worker(_settings, ready_timeout_s))
         handle.metadata["pids"] = handle.pids()
         return handle
     except BaseException:
-        import ray
-
         if owns_ray:
-            everything = _with_children(processes)
-            ray.shutdown()
-            _reap(everything)
+            shutdown_ray(owns_ray, APP_NAME, with_children(processes))
         raise
