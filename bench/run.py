@@ -10,9 +10,11 @@ written as it happens, so a run cut short by SIGINT still leaves a directory tha
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import platform
+import signal
 import subprocess
 import time
 import urllib.parse
@@ -34,6 +36,7 @@ from harness.profile import PROFILES, SCALES, Profile, load_profile, resolve_nam
 from harness.schema import RunEnd, RunMeta, SummaryRow
 from harness.stacks import (
     ALL_STACKS,
+    BASELINE_ROUTERS,
     STACKS,
     Stack,
     StackName,
@@ -58,6 +61,8 @@ from zerolayer.engine.options import add_engine_option, validate_engine_options
 FAULT_PROFILE = "d_fault"
 LOADER_NICE = -5
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+WARM_TIMEOUT_S = 120.0
 PACKAGES = ("h2", "h11", "hpack", "uvloop", "ray", "chaostoolkit-lib", "locust", "k6", "numpy")
 
 
@@ -77,6 +82,7 @@ class RunConfig:
     zerolayer_urls: tuple[str, ...] = ()
     baseline_url: str = ""
     ray_address: str | None = None
+    baseline_router: str = "default"
     telemetry_interval_s: float = 0.25
 
     def spec(self, name: StackName) -> StackSpec:
@@ -92,6 +98,7 @@ class RunConfig:
             tls=needs_tls(self.loader, name),
             urls=tuple(urls),
             ray_address=self.ray_address,
+            baseline_router=self.baseline_router,
         )
 
 
@@ -317,6 +324,34 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     )
 
 
+async def _warm_requests(stack: Stack, count: int) -> list[bool]:
+    async with stack.open_client() as client:
+        done = await asyncio.gather(
+            *(
+                client.complete(prompt=f"warm-up {i}", max_tokens=2, session=f"warm-{i}")
+                for i in range(count)
+            ),
+            return_exceptions=True,
+        )
+    return [not isinstance(d, BaseException) and d.timing.status == 200 for d in done]
+
+
+def _warm(stack: Stack) -> None:
+    """A few short requests before any profile (two per engine replica, spread by session), so
+    that no stack's lazy start-up (first connections, an engine's first steps) is measured as
+    its latency. Bounded; a stack that cannot answer them is reported, and the run goes on."""
+    started = time.monotonic()
+    count = 2 * stack.spec.replicas
+    try:
+        ok = asyncio.run(asyncio.wait_for(_warm_requests(stack, count), WARM_TIMEOUT_S))
+    except TimeoutError:
+        _say(f"{stack.name}: warm-up requests unanswered after {WARM_TIMEOUT_S:g} s")
+        return
+    failed = f", {ok.count(False)} failed" if not all(ok) else ""
+    took = time.monotonic() - started
+    _say(f"{stack.name}: warmed up with {count} requests in {took:.1f} s{failed}")
+
+
 def _run_stack(
     name: StackName, profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
 ) -> None:
@@ -324,8 +359,14 @@ def _run_stack(
     spec = config.spec(name)
     _say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
     with stand_up(spec, run.path / f"stack-{name}") as stack:
-        run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
+        run.meta.stacks[name.value] = {
+            **stack.metadata,
+            "urls": stack.urls,
+            "request_body_fields": stack.body_fields(),
+        }
         run.save()
+        if not stack.external:
+            _warm(stack)
         tele.watch(stack)
         try:
             for profile in profiles:
@@ -394,6 +435,8 @@ def _render(run: RunDir) -> None:
     report = html.render(run.path)
     if run.summary:
         print(_summary_table(run.summary), flush=True)
+        for name, label in run.meta.stack_labels().items():
+            print(f"{name}: {label}", flush=True)
     _say(f"report: {report}")
 
 
@@ -406,6 +449,22 @@ def _execute(config: RunConfig, profiles: Sequence[Profile], run: RunDir) -> Non
             _run_stack(name, profiles, config, run, tele)
     finally:
         tele.stop()
+
+
+@contextlib.contextmanager
+def _sigterm_as_sigint(seen: list[int]) -> Iterator[None]:
+    """SIGTERM stops the run as Ctrl-C does (the default would leave its stacks running): it is
+    noted in ``seen`` and turned into SIGINT, which asyncio's runner and the loaders handle."""
+
+    def handler(signum: int, frame: object) -> None:
+        seen.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(config: RunConfig) -> int:
@@ -429,13 +488,18 @@ def run(config: RunConfig) -> int:
         }
     run.save()
     status = 0
+    terminated: list[int] = []
     try:
-        _execute(config, profiles, run)
+        with _sigterm_as_sigint(terminated):
+            _execute(config, profiles, run)
         run.finish(RunEnd.COMPLETE)
     except KeyboardInterrupt:
-        _say("interrupted: keeping what was measured")
-        run.finish(RunEnd.SIGINT, "interrupted by SIGINT")
-        status = EXIT_INTERRUPTED
+        end, status = (
+            (RunEnd.SIGTERM, EXIT_TERMINATED) if terminated else (RunEnd.SIGINT, EXIT_INTERRUPTED)
+        )
+        detail = f"{'stopped' if terminated else 'interrupted'} by {end.value.upper()}"
+        _say(f"{detail}: keeping what was measured")
+        run.finish(end, detail)
     except BaseException as exc:
         run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
@@ -533,6 +597,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-url", type=check_url, default=None, help="front door of a running baseline"
     )
     parser.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
+    parser.add_argument(
+        "--baseline-router",
+        choices=BASELINE_ROUTERS,
+        default="default",
+        help="Ray Serve LLM's request router (the baseline with --engine vllm)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -554,5 +624,6 @@ def run_command(args: argparse.Namespace) -> int:
         zerolayer_urls=tuple(args.zerolayer_urls),
         baseline_url=args.baseline_url or "",
         ray_address=args.ray_address,
+        baseline_router=args.baseline_router,
     )
     return run(config)

@@ -33,7 +33,7 @@ import psutil
 
 from chaos import netproxy
 from chaos.targets import Target, load_target, target_path, write_target
-from harness.stacks import BASELINE_ROLES, client_for, spawn_replica
+from harness.stacks import BASELINE_ROLES, client_for, kill_tree, spawn_replica
 from zerolayer.client.sdk import split_url
 
 ABSENT: Final = "absent"
@@ -64,10 +64,23 @@ def live_pids(target: Target) -> dict[str, list[int]]:
             import ray
 
             if ray.is_initialized():
-                from baselines.rayserve.standup import serve_actor_pids
-
-                return {BASELINE_ROLES.get(r, r): p for r, p in serve_actor_pids().items()}
+                return baseline_pids(target.baseline_app)
     return {role: [p for p in pids if alive(p)] for role, pids in target.pids.items()}
+
+
+def baseline_pids(app: str) -> dict[str, list[int]]:
+    """The baseline's processes by chaos role, asked of Ray's GCS (``app``: ``orchestrator`` or
+    ``llm``). Ray Serve LLM's vLLM engine cores are left out: each is its replica actor's child,
+    killed and replaced with it, so ``engine`` counts replicas on both baselines."""
+    if app == "llm":
+        from baselines.rayserve_llm.standup import llm_actor_pids as actor_pids
+    else:
+        from baselines.rayserve.standup import serve_actor_pids as actor_pids
+    pids: dict[str, list[int]] = {}
+    for role, found in actor_pids().items():
+        if role != "engine_core":
+            pids.setdefault(BASELINE_ROLES.get(role, role), []).extend(found)
+    return {role: sorted(found) for role, found in pids.items()}
 
 
 def _replica_urls(target: Target, role: str, pid: int) -> list[str]:
@@ -106,18 +119,20 @@ def _absent(target: Target, role: str) -> dict[str, Any]:
 
 
 def kill(role: str, index: int = 0, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """pod-kill: SIGKILL the ``index``-th live process of ``role`` (no clean shutdown)."""
+    """pod-kill: SIGKILL the ``index``-th live process of ``role`` and what it started (no clean
+    shutdown; a replica's vLLM engine core dies with it, as a pod's containers do)."""
     target = load_target(configuration)
     role = _role(target, role)
     pid = _pick(target, role, index)
     if pid is None:
         return _absent(target, role)
     t_ns = _now_ns()
-    os.kill(pid, signal.SIGKILL)
+    killed = kill_tree(pid)
     return {
         "fault": "kill",
         "role": role,
         "pids": [pid],
+        "killed": killed,
         "urls": _replica_urls(target, role, pid),
         "t_ns": t_ns,
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -22,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from chaos.actions import wait_ready
+from chaos.actions import baseline_pids, wait_ready
 from chaos.netproxy import NetProxy
 from chaos.recovery import Recovery, compute_from_files
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
@@ -30,7 +31,15 @@ from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import SCALES, ChaosSettings, Profile, load_profile
 from harness.schema import CHAOS_DIR, requests_file
-from harness.stacks import STACKS, Stack, StackName, StackSpec, stand_up
+from harness.stacks import (
+    LLM_BASELINE_IMPL,
+    STACKS,
+    VLLM_READY_TIMEOUT_S,
+    Stack,
+    StackName,
+    StackSpec,
+    stand_up,
+)
 from harness.telemetry import PhaseLog
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
@@ -38,6 +47,9 @@ from zerolayer.engine.options import add_engine_option, validate_engine_options
 EXPERIMENT_DIR: Final = Path(__file__).parent / "experiments"
 SETTINGS: Final = {"runtime": {"rollbacks": {"strategy": "always"}}}
 PROFILE: Final = "d_fault"
+# How long an engine may take to start again after its replica is killed, where longer than
+# the scales' recovery bounds (the stand-up's own bound for it).
+ENGINE_START_S: Final = {"vllm": VLLM_READY_TIMEOUT_S}
 
 
 def experiment_paths(names: Sequence[str] | None = None) -> list[Path]:
@@ -56,6 +68,15 @@ def chaos_settings(profile: Profile) -> ChaosSettings:
     if profile.chaos is None:
         raise ValueError(f"profile {profile.name!r} has no [chaos] settings at {profile.scale}")
     return profile.chaos
+
+
+def for_engine(settings: ChaosSettings, engine: str) -> ChaosSettings:
+    """The scale's settings, with recovery bounded by no less than the engine takes to start:
+    a killed replica over vLLM loads its engine again (30-60 s on two cores)."""
+    start_s = ENGINE_START_S.get(engine)
+    if start_s is None or settings.recover_timeout_s >= start_s:
+        return settings
+    return dataclasses.replace(settings, recover_timeout_s=start_s)
 
 
 def kv_prompt_tokens(spec: StackSpec, settings: ChaosSettings) -> int:
@@ -172,11 +193,13 @@ def _zerolayer_target(stack: Stack, proxy: NetProxy) -> Target:
 
 
 def _baseline_target(stack: Stack, proxy: NetProxy) -> Target:
+    app = "llm" if stack.metadata.get("impl") == LLM_BASELINE_IMPL else "orchestrator"
     return Target(
         stack=stack.name,
         load_urls=[_proxy_url(stack, proxy)],
         protocol=stack.protocol,
-        pids=stack.pids(),
+        pids=baseline_pids(app) if stack.baseline is not None else stack.pids(),
+        baseline_app=app,
         netproxy=proxy.control,
         netproxy_front=stack.urls[0],
         netproxy_url=_proxy_url(stack, proxy),
@@ -218,7 +241,8 @@ def run_profile_d(
     experiment is a phase in ``phases`` when given. Returns the recovery rows (also written to
     ``recovery-<stack>.json``).
     """
-    sc = chaos_settings(profile)
+    sc = for_engine(chaos_settings(profile), stack.spec.engine)
+    profile = dataclasses.replace(profile, chaos=sc)
     chaos_dir = Path(run_dir) / CHAOS_DIR
     chaos_dir.mkdir(parents=True, exist_ok=True)
     tokens = kv_prompt_tokens(stack.spec, sc)

@@ -45,6 +45,8 @@ class Target:
     (``host:port``) and ``netproxy_front`` what it stands in front of. ``tls_ca`` is the
     certificate to trust on a TLS stack; ``engine_metrics`` (zero-layer ``/metrics`` URLs) and
     ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry.
+    ``baseline_app`` says whose Ray actors the baseline's pids are: ``orchestrator`` (ours) or
+    ``llm`` (Ray Serve LLM).
     """
 
     stack: str
@@ -60,6 +62,7 @@ class Target:
     tls_ca: str = ""
     engine_metrics: list[str] = field(default_factory=list)
     engine_stats_files: list[str] = field(default_factory=list)
+    baseline_app: str = ""
 
     @property
     def engine_role(self) -> str:

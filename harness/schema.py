@@ -258,6 +258,7 @@ class RunEnd(StrEnum):
     RUNNING = "running"
     COMPLETE = "complete"
     SIGINT = "sigint"
+    SIGTERM = "sigterm"
     ERROR = "error"
 
 
@@ -300,6 +301,8 @@ class RunMeta:
             return None
         if self.end is RunEnd.SIGINT:
             return "interrupted by SIGINT"
+        if self.end is RunEnd.SIGTERM:
+            return "stopped by SIGTERM"
         if self.end is RunEnd.ERROR:
             return f"stopped by an error: {self.end_detail}"
         return self.end_detail or "the run was interrupted or killed before it recorded its end"
@@ -313,6 +316,14 @@ class RunMeta:
     def seed(self) -> int | None:
         value = self.config.get("seed")
         return int(value) if value is not None else None
+
+    def stack_labels(self) -> dict[str, str]:
+        """What each stack was, in words (``label`` as stand-up recorded it; older runs: the
+        implementation's name)."""
+        return {
+            name: str(meta.get("label") or meta.get("impl") or "?")
+            for name, meta in self.stacks.items()
+        }
 
     def profile_seeds(self) -> dict[str, int | None]:
         return {name: p.get("seed") for name, p in self.profiles.items()}

@@ -37,7 +37,8 @@ from harness.telemetry import Component, EngineTarget
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 
 if TYPE_CHECKING:
-    from baselines.rayserve import BaselineHandle
+    from baselines.rayserve.standup import ServeHandle
+    from baselines.rayserve_llm import LlmRouterName
     from zerolayer.client import Http1Client, ZeroLayerClient
     from zerolayer.client.stream import Completion, Stream
     from zerolayer.client.wire import RequestFields
@@ -49,12 +50,21 @@ REACH_TIMEOUT_S: Final = 2.0
 STATS_DIR: Final = "engine-stats"
 STATS_WAIT_S: Final = 10.0
 POLL_S: Final = 0.05
-# Serve's actor names -> the telemetry roles (harness.telemetry.process.ROLES).
-BASELINE_ROLES: Final = {"ingress": "orchestrator"}
+# The baselines' process roles -> the telemetry roles (harness.telemetry.process.ROLES): the
+# orchestrator's ingress, and Ray Serve LLM's ingress, router and vLLM engine-core children.
+BASELINE_ROLES: Final = {
+    "ingress": "orchestrator",
+    "router": "orchestrator",
+    "engine_core": "engine",
+}
 # vLLM's own server: a bounded start (about 30 s alone on 2 cores; replicas start together).
 VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 VLLM_READY_TIMEOUT_S: Final = 240.0
 VLLM_POLL_S: Final = 0.5
+LLM_BASELINE_IMPL: Final = "ray serve llm"
+# Ray Serve LLM's request routers (baselines.rayserve_llm.LlmRouterName): Serve's default
+# power-of-two-choices, or Ray's prefix-aware router.
+BASELINE_ROUTERS: Final = ("default", "prefix-aware")
 OFFLINE_ENV: Final = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -80,6 +90,8 @@ class StackSpec:
 
     ``tls``: zero-layer replicas serve TLS with ALPN h2/http1.1 (k6 needs that for HTTP/2).
     ``urls`` non-empty: an external stack, checked for reachability but never started or stopped.
+    ``baseline_router``: Ray Serve LLM's request router (``default`` or ``prefix-aware``), for
+    the baseline over the ``vllm`` engine.
     """
 
     name: StackName
@@ -89,6 +101,7 @@ class StackSpec:
     tls: bool = False
     urls: tuple[str, ...] = ()
     ray_address: str | None = None
+    baseline_router: str = "default"
 
 
 class StackUnreachable(Exception):
@@ -100,11 +113,29 @@ def check_spec(spec: StackSpec) -> None:
     ``vllm-serve`` over an engine other than ``vllm``. ``stand_up`` checks this first."""
     if spec.replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {spec.replicas}")
+    if spec.baseline_router not in BASELINE_ROUTERS:
+        raise ValueError(
+            f"baseline router must be one of {', '.join(BASELINE_ROUTERS)}, "
+            f"got {spec.baseline_router!r}"
+        )
     if spec.name is StackName.VLLM_SERVE and spec.engine != "vllm" and not spec.urls:
         raise ValueError(
             f"the vllm-serve stack is vLLM's own server: it needs --engine vllm, "
             f"not {spec.engine!r}"
         )
+
+
+def openai_server_body(engine_options: Mapping[str, Any]) -> dict[str, Any]:
+    """Body fields for a stack whose front is vLLM's OpenAI server code (``vllm-serve``, Ray
+    Serve LLM) so it serves what the zero-layer replica's engine serves: exactly ``max_tokens``
+    (``ignore_eos``), the engine's temperature, and usage in the stream's last event."""
+    from zerolayer.engine.vllm_engine import VllmEngineConfig
+
+    return {
+        "ignore_eos": True,
+        "temperature": VllmEngineConfig(**engine_options).temperature,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def engine_args(engine: str, options: Mapping[str, Any]) -> list[str]:
@@ -116,14 +147,46 @@ def engine_args(engine: str, options: Mapping[str, Any]) -> list[str]:
 
 
 def spawn_replica(command: Sequence[str], log_path: str | Path) -> subprocess.Popen[bytes]:
-    """Start one ``zl-replica`` process, its output appended to ``log_path``."""
+    """Start one ``zl-replica`` process, its output appended to ``log_path``, in a session of
+    its own (like a pod: what it starts, such as vLLM's engine core, goes with it)."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(command),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
         )
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live process ``pid`` started, and what those started."""
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and everything it started, as a crashed pod takes its containers with it
+    (a killed replica must not leave its vLLM engine core running); returns the pids killed."""
+    procs = descendants(pid)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        procs.insert(0, psutil.Process(pid))
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    deadline = time.monotonic() + 10.0  # gone or a zombie; reaping is its parent's business
+    while any(_running(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return [p.pid for p in procs]
 
 
 def wait_listening(log_path: str | Path, proc: subprocess.Popen[bytes], deadline: float) -> str:
@@ -142,15 +205,20 @@ def wait_listening(log_path: str | Path, proc: subprocess.Popen[bytes], deadline
 
 
 def stop_pids(pids: Sequence[int], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGCONT (a paused process cannot exit), SIGTERM (it drains), then SIGKILL what hangs on."""
+    """SIGCONT (a paused process cannot exit), SIGTERM (it drains), then SIGKILL what hangs on,
+    the processes each one started included."""
     procs = []
+    started = []
     for pid in pids:
+        started += descendants(pid)
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(pid)
             proc.resume()
             proc.terminate()
             procs.append(proc)
-    _, left = psutil.wait_procs(procs, timeout=timeout_s)
+    psutil.wait_procs(procs, timeout=timeout_s)
+    psutil.wait_procs(started, timeout=1.0)  # children exit with their parent
+    left = [p for p in [*procs, *started] if _running(p)]
     for proc in left:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
@@ -238,11 +306,8 @@ class ReplicaProcess:
             return False
 
     def kill(self) -> None:
-        """SIGKILL, like a crashed pod."""
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc = psutil.Process(self._pid)
-            proc.kill()
-            proc.wait(10)
+        """SIGKILL, like a crashed pod (what it started goes too)."""
+        kill_tree(self._pid)
         self._proc.poll()
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -459,10 +524,12 @@ class Stack:
         *,
         metadata: Mapping[str, Any],
         replicas: Sequence[ReplicaProcess] = (),
-        baseline: BaselineHandle | None = None,
+        baseline: ServeHandle | None = None,
         tls_ca: Path | None = None,
         stats_dir: Path | None = None,
         servers: Sequence[VllmServer] = (),
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -475,22 +542,29 @@ class Stack:
         self.baseline = baseline
         self.stats_dir = stats_dir
         self.servers = list(servers)
+        # What every request body names and adds (the served model id; vLLM's ignore_eos ...).
+        self.model = model
+        self.extra_body = dict(extra_body or {})
 
     def pids(self) -> dict[str, list[int]]:
-        """Live process ids by telemetry role (``replica``; or ``orchestrator``, ``proxy``,
-        ``controller``, ``engine`` for the baseline, asked of Ray so replaced actors count;
-        ``replica`` and their children as ``engine`` for vllm-serve)."""
+        """Live process ids by telemetry role: ``replica``, and their children (vLLM's engine
+        cores) as ``engine``, for zero-layer and vllm-serve; ``orchestrator``, ``proxy``,
+        ``controller``, ``engine`` for the baselines, asked of Ray so replaced actors count."""
         if self.servers:
             return {
                 "replica": [s.pid for s in self.servers if s.alive()],
                 "engine": [pid for s in self.servers for pid in s.children()],
             }
         if self.baseline is not None:
-            pids = self.baseline.pids()
-            return {BASELINE_ROLES.get(role, role): list(p) for role, p in pids.items()}
+            merged: dict[str, list[int]] = {}
+            for role, found in self.baseline.pids().items():  # several roles map to one
+                merged.setdefault(BASELINE_ROLES.get(role, role), []).extend(found)
+            return merged
         if self.external:
             return {}
-        return {"replica": [r.pid for r in self.replicas if r.alive()]}
+        live = [r.pid for r in self.replicas if r.alive()]
+        engines = [p.pid for pid in live for p in descendants(pid)]  # vLLM's engine cores
+        return {"replica": live, "engine": engines} if engines else {"replica": live}
 
     def components(self) -> list[Component]:
         """Every process of the stack as a telemetry component."""
@@ -529,12 +603,20 @@ class Stack:
         return files
 
     def open_client(self, **options: Any) -> ZeroLayerClient | Http1Client | Http1Router:
-        """The SDK client for this stack (options go to the client's constructor); for
-        vllm-serve with several replicas an :class:`Http1Router` over one client each."""
+        """The SDK client for this stack (options go to the client's constructor, which by
+        default names the stack's model and adds its extra body fields); for vllm-serve with
+        several replicas an :class:`Http1Router` over one client each."""
+        options.setdefault("model", self.model)
+        options.setdefault("extra_body", self.extra_body)
         if self.protocol == "http1" and len(self.urls) > 1:
             clients = [client_for("http1", [url], self.tls_ca, **options) for url in self.urls]
             return Http1Router([cast("Http1Client", c) for c in clients])
         return client_for(self.protocol, self.urls, self.tls_ca, **options)
+
+    def body_fields(self) -> dict[str, Any]:
+        """What a loader in another process (k6, locust) adds to every request body: the
+        stack's model id and extra fields, as :meth:`open_client`'s client does."""
+        return ({"model": self.model} if self.model else {}) | self.extra_body
 
     def replica_restarted(self, url: str, pid: int) -> None:
         """The replica at ``url`` was started again (same command, same port) as ``pid``."""
@@ -588,6 +670,7 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
         raise
     metadata = {
         "impl": "zl-replica processes",
+        "label": f"zero-layer: zl-replica x{spec.replicas}, {spec.engine} engine",
         "replicas": spec.replicas,
         "engine": spec.engine,
         "engine_options": dict(spec.engine_options),
@@ -598,6 +681,8 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
 
 
 def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
+    if spec.engine == "vllm":
+        return _stand_up_llm_baseline(spec)
     from baselines.rayserve.standup import start_baseline
 
     stats_dir = workdir / STATS_DIR
@@ -609,8 +694,41 @@ def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
         ray_address=spec.ray_address,
         stats_dir=str(stats_dir),
     )
-    metadata = {"impl": "ray serve", **handle.metadata}
+    metadata = {
+        "impl": "ray serve",
+        "label": f"Ray Serve orchestrator (ours) x{spec.replicas}, {spec.engine} engine",
+        **handle.metadata,
+    }
     return Stack(spec, [handle.url], metadata=metadata, baseline=handle, stats_dir=stats_dir)
+
+
+def _stand_up_llm_baseline(spec: StackSpec) -> Stack:
+    """Ray Serve LLM over vLLM: the baseline users deploy for a real engine. Its engines publish
+    no stats file, so the stack has no engine telemetry targets (vLLM's metrics go to Ray's)."""
+    from baselines.rayserve_llm import start_llm_baseline
+
+    options = dict(spec.engine_options)
+    handle = start_llm_baseline(
+        model=str(options.get("model", "")),
+        replicas=spec.replicas,
+        engine_options=options,
+        router=cast("LlmRouterName", spec.baseline_router),
+        ray_address=spec.ray_address,
+    )
+    metadata = {
+        "impl": LLM_BASELINE_IMPL,
+        "label": f"Ray Serve LLM {handle.metadata['ray_version']} x{spec.replicas}, "
+        f"{spec.baseline_router} router, vllm engine",
+        **handle.metadata,
+    }
+    return Stack(
+        spec,
+        [handle.url],
+        metadata=metadata,
+        baseline=handle,
+        model=handle.config.model_id,
+        extra_body=openai_server_body(options),
+    )
 
 
 def _stand_up_vllm_serve(spec: StackSpec, workdir: Path) -> Stack:
@@ -626,12 +744,20 @@ def _stand_up_vllm_serve(spec: StackSpec, workdir: Path) -> Stack:
         raise
     metadata = {
         "impl": "vllm api_server processes",
+        "label": f"vLLM's own server x{spec.replicas}",
         "replicas": spec.replicas,
         "engine": spec.engine,
         "engine_options": dict(spec.engine_options),
         "command": started[0].command[:-2],
     }
-    return Stack(spec, [s.url for s in started], metadata=metadata, servers=started)
+    return Stack(
+        spec,
+        [s.url for s in started],
+        metadata=metadata,
+        servers=started,
+        model=str(spec.engine_options.get("model", "")),
+        extra_body=openai_server_body(spec.engine_options),
+    )
 
 
 def stand_up(spec: StackSpec, workdir: Path) -> Stack:
@@ -647,7 +773,7 @@ def stand_up(spec: StackSpec, workdir: Path) -> Stack:
                 check_reachable(url)
             except StackUnreachable as exc:
                 raise StackUnreachable(f"{spec.name} stack: {exc}") from exc.__cause__
-        metadata = {"impl": "external", "urls": list(spec.urls)}
+        metadata = {"impl": "external", "label": "external", "urls": list(spec.urls)}
         return Stack(spec, spec.urls, metadata=metadata)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from bench import run as bench_run
 from harness import schema
 from harness.loaders import LoadResult
 from harness.metrics import summarize
-from harness.stacks import StackName, StackSpec
+from harness.stacks import StackName, StackSpec, descendants
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 SMOKE_LIMIT_S = 600
@@ -59,6 +60,12 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     assert "Recovery (profile D" in html and "Seed-study claims" in html
     assert len(list((run / schema.PLOTS_DIR).glob("*.png"))) >= 6
     assert "capacity preflight" in proc.stdout and "offered load" in proc.stdout
+    assert proc.stdout.count("warmed up with 4 requests") == 2, "each stack, before profile A"
+    labels = {name: stack["label"] for name, stack in meta["stacks"].items()}
+    assert labels["baseline"].startswith("Ray Serve orchestrator (ours)")
+    assert labels["zerolayer"].startswith("zero-layer: zl-replica x2")
+    assert all(f"{name}: {label}" in proc.stdout for name, label in labels.items())
+    assert meta["stacks"]["zerolayer"]["request_body_fields"] == {}, "the sim needs none"
 
 
 def test_a_crash_is_recorded_in_run_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +84,15 @@ def test_a_crash_is_recorded_in_run_json(tmp_path: Path, monkeypatch: pytest.Mon
     assert "Incomplete run" in (_run_dir(tmp_path) / schema.REPORT).read_text()
 
 
-def test_sigint_mid_profile_leaves_a_renderable_incomplete_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status", "reason"),
+    [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")],
+)
+def test_a_signal_mid_profile_leaves_a_renderable_incomplete_run_and_no_process(
+    tmp_path: Path, signum: int, status: int, reason: str
+) -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (a scheduler's stop) alike: the stacks are stopped, nothing
+    measured is lost."""
     proc = subprocess.Popen(
         [
             *BENCH,
@@ -106,18 +121,22 @@ def test_sigint_mid_profile_leaves_a_renderable_incomplete_run(tmp_path: Path) -
             time.sleep(0.2)
         assert records and records[0].stat().st_size > 0, "no request was recorded"
         time.sleep(1.0)
-        os.kill(proc.pid, signal.SIGINT)
+        started = descendants(proc.pid)
+        assert started, "the run started its replica"
+        os.kill(proc.pid, signum)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, out[-3000:]
+    assert proc.returncode == status, out[-3000:]
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
     run = _run_dir(tmp_path)
     meta = orjson.loads((run / schema.RUN_META).read_bytes())
-    assert meta["complete"] is False and "SIGINT" in meta["incomplete_reason"]
+    assert meta["complete"] is False and reason in meta["incomplete_reason"]
     kept = schema.read_requests(run / "requests-zerolayer-a_latency.jsonl")
-    assert kept, "the records measured before SIGINT were lost"
+    assert kept, f"the records measured before {reason} were lost"
     (run / schema.REPORT).unlink()
     rendered = subprocess.run(
         [sys.executable, "-m", "bench.cli", "report", str(run)],

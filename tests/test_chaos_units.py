@@ -361,3 +361,40 @@ def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
     assert slow.deadline_ms == int(RECOVERY_PER_STANDUP * 30.0 * 1000)
     assert slow.recover_timeout_s == RECOVERY_PER_STANDUP * 30.0
     assert chaos_settings(allowing(profile, 1e6)).deadline_ms == 3_600_000  # the contract's cap
+
+
+def test_recovery_waits_at_least_as_long_as_the_engine_takes_to_start() -> None:
+    """A killed replica over vLLM loads its engine again; the smoke scale's 15 s cannot cover it."""
+    from chaos.runner import ENGINE_START_S, chaos_settings, for_engine
+    from harness.profile import load_profile
+
+    smoke = chaos_settings(load_profile("d_fault", "smoke", None))
+    assert smoke.recover_timeout_s < ENGINE_START_S["vllm"]
+    assert for_engine(smoke, "vllm").recover_timeout_s == ENGINE_START_S["vllm"]
+    assert for_engine(smoke, "vllm").deadline_ms == smoke.deadline_ms
+    assert for_engine(smoke, "sim") is smoke
+
+
+def test_baseline_pids_count_ray_serve_llm_replicas_not_their_engine_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Serve LLM's ingress and router are both the orchestrator; a replica's engine core
+    is its child (killed and replaced with it), so ``engine`` counts replicas."""
+    from baselines.rayserve_llm import standup
+    from chaos.actions import baseline_pids
+
+    found = {
+        "controller": [1],
+        "proxy": [2],
+        "ingress": [3],
+        "router": [4],
+        "engine": [6, 5],
+        "engine_core": [7, 8],
+    }
+    monkeypatch.setattr(standup, "llm_actor_pids", lambda: found)
+    assert baseline_pids("llm") == {
+        "controller": [1],
+        "proxy": [2],
+        "orchestrator": [3, 4],
+        "engine": [5, 6],
+    }

@@ -7,7 +7,7 @@ import pytest
 
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import CONNECTION_LOST, STREAM_RESET, Timing
-from zerolayer.client.wire import SSEParser, prepare
+from zerolayer.client.wire import CLIENT_BODY_FIELDS, RequestIssuer, SSEParser, prepare
 from zerolayer.wire import contract
 from zerolayer.wire.tokens import count_prompt_tokens
 
@@ -140,6 +140,18 @@ def test_prepare_encodes_contract_headers_and_body() -> None:
     chat = prepare(prompt="hi", max_tokens=2, request_id="r2", chat=True)
     assert chat.path == b"/v1/chat/completions"
     assert orjson.loads(chat.body)["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_extra_body_adds_fields_but_never_replaces_the_clients_own() -> None:
+    extra = {"ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+    issue = RequestIssuer("t", "tiny", extra)
+    body = orjson.loads(issue({"prompt": "hi", "max_tokens": 3, "seed": 1}).body)
+    assert body == {"prompt": "hi", "max_tokens": 3, "stream": True, "seed": 1, "model": "tiny"} | (
+        extra
+    )
+    for name in sorted(CLIENT_BODY_FIELDS):
+        with pytest.raises(ValueError, match=name):
+            RequestIssuer("t", None, {name: 1})
 
 
 def test_conflicting_or_reserved_caller_headers_raise() -> None:

@@ -1,8 +1,9 @@
 """Ray Serve LLM (the baseline for the vLLM engine) on the CPU, serving the offline tiny model.
 
-One local Ray and one ``LLMServer`` replica for the whole module (about a minute to come up on two
-cores); a streamed completion over HTTP/1.1 through ``Http1Client``, the recorded settings, and
-tear-down leaving no process behind. Without vLLM or ``ray.serve.llm`` everything here skips.
+One baseline stack (``stand_up`` with ``engine="vllm"``: one local Ray and one ``LLMServer``
+replica, about a minute to come up on two cores) for the whole module; a streamed completion over
+HTTP/1.1 through the stack's own client, the recorded settings, and tear-down leaving no process
+behind. Without vLLM or ``ray.serve.llm`` everything here skips.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from harness.stacks import Stack, StackName, StackSpec, stand_up
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ENGINE_OPTIONS = {"max_model_len": 512, "kv_cache_memory_bytes": 1 << 20, "max_num_seqs": 8}
@@ -39,21 +42,27 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from baselines.rayserve_llm import start_llm_baseline
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from zerolayer.engine.tinymodel import write_tiny_model
 
-    model: Path = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny")
+    root = tmp_path_factory.mktemp("llm")
+    model: Path = write_tiny_model(root / "tiny")
+    spec = StackSpec(
+        StackName.BASELINE,
+        engine="vllm",
+        engine_options={"model": str(model), **ENGINE_OPTIONS},
+        replicas=1,
+    )
     with pytest.MonkeyPatch.context() as env:
         for key, value in OFFLINE.items():
             env.setenv(key, value)
-        handle = start_llm_baseline(
-            str(model), replicas=1, engine_options=ENGINE_OPTIONS, ready_timeout_s=240
-        )
-        try:
-            yield handle
-        finally:
-            handle.close()
+        with stand_up(spec, root / "stack") as up:
+            yield up
+
+
+@pytest.fixture(scope="module")
+def baseline(stack: Stack) -> object:
+    return stack.baseline
 
 
 def test_prefix_aware_router_is_configured_as_rays_docs_show(tmp_path: Path) -> None:
@@ -83,19 +92,29 @@ def test_prefix_aware_router_is_configured_as_rays_docs_show(tmp_path: Path) -> 
         LlmBaselineConfig(model="m", engine_options={"no_such_option": 1})
 
 
-def test_streams_a_completion_over_http1(baseline: object) -> None:
+def test_the_baseline_for_vllm_is_ray_serve_llm(stack: Stack) -> None:
     from baselines.rayserve_llm import LlmBaselineHandle
-    from zerolayer.client import Http1Client
 
-    assert isinstance(baseline, LlmBaselineHandle)
+    assert isinstance(stack.baseline, LlmBaselineHandle)
+    assert stack.metadata["label"].startswith("Ray Serve LLM")
+    assert stack.protocol == "http1" and stack.urls == [stack.baseline.url]
+    assert stack.body_fields()["model"] == stack.baseline.config.model_id == "tiny"
+    roles = {c.role for c in stack.components()}
+    assert roles == {"controller", "proxy", "orchestrator", "engine"}
+    pids = stack.pids()  # the LLMServer actor and its vLLM engine core are both engine
+    assert len(pids["orchestrator"]) == 1 and len(pids["engine"]) == 2
 
+
+def test_streams_exactly_max_tokens_through_the_stacks_client(stack: Stack) -> None:
     async def main() -> None:
-        async with Http1Client(baseline.url, model=baseline.config.model_id) as client:
+        async with stack.open_client() as client:
             done = await client.complete(prompt="The baseline streams tokens", max_tokens=16)
         # Ray Serve LLM batches a stream's tokens for 50 ms by default
         # (stream_batching_interval_ms), so 16 tokens arrive in fewer SSE events than tokens.
+        # The stack's body fields (ignore_eos, usage) make it serve all 16, counted by vLLM.
         assert done.timing.status == 200 and done.timing.finish_reason == "length"
         assert done.text and done.timing.first_token_ns > 0
+        assert done.timing.output_tokens == 16
         assert 1 <= len(done.timing.chunk_ns) <= 16
 
     asyncio.run(asyncio.wait_for(main(), 60))

@@ -20,10 +20,15 @@ from harness.stacks import (
     StackName,
     StackSpec,
     StackUnreachable,
+    check_spec,
     client_for,
+    descendants,
     engine_args,
+    kill_tree,
+    openai_server_body,
     spawn_replica,
     stand_up,
+    stop_pids,
     wait_listening,
 )
 from harness.workload import PlannedRequest
@@ -160,6 +165,40 @@ def test_http1_over_several_replicas_routes_by_the_sdk_ring(tmp_path: Path) -> N
         assert asyncio.run(go()) == set(stack.urls)
 
 
+def test_a_stacks_model_and_body_fields_reach_every_client_and_loader(tmp_path: Path) -> None:
+    """vLLM's servers (vllm-serve, Ray Serve LLM) need the model named, and ignore_eos to serve
+    exactly max_tokens; the stack's own client and the k6/locust plans add them alike."""
+    import orjson
+
+    from harness.loaders.k6 import tls_trust, write_inputs
+
+    extra = openai_server_body({"model": "/m/tiny", "temperature": 0.5})
+    assert extra == {
+        "ignore_eos": True,
+        "temperature": 0.5,
+        "stream_options": {"include_usage": True},
+    }
+    spec = StackSpec(StackName.VLLM_SERVE, engine="vllm", replicas=2)
+    urls = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
+    stack = Stack(spec, urls, metadata={}, model="tiny", extra_body=extra)
+    assert stack.body_fields() == {"model": "tiny", **extra}
+    router = stack.open_client()
+    assert isinstance(router, Http1Router)
+    for client in router.clients.values():
+        body = orjson.loads(client._issue({"prompt": "p", "max_tokens": 3}).body)
+        assert body["model"] == "tiny" and body["ignore_eos"] is True
+    plain = Stack(StackSpec(StackName.ZEROLAYER), urls, metadata={})
+    assert plain.body_fields() == {}
+    schedule = [PlannedRequest(0, "r0", 0.0, "a", 64, 4, 0, "s", "t", "normal", 5000)]
+    paths = write_inputs(
+        schedule, urls[:1], tmp_path, rate=1.0, duration_s=1.0, vus=1, grace_s=1.0,
+        trust=tls_trust(urls, None), extra_body=stack.body_fields(),
+    )  # fmt: skip
+    assert orjson.loads(paths["config"].read_bytes())["extra_body"] == stack.body_fields()
+    with pytest.raises(ValueError, match="baseline router"):
+        check_spec(StackSpec(StackName.BASELINE, engine="vllm", baseline_router="random"))
+
+
 def test_profile_d_skips_vllm_serve_with_a_line(capsys: pytest.CaptureFixture[str]) -> None:
     from typing import Any, cast
 
@@ -171,3 +210,33 @@ def test_profile_d_skips_vllm_serve_with_a_line(capsys: pytest.CaptureFixture[st
     profile = load_profile(FAULT_PROFILE, "smoke", None)
     _run_fault_profile(profile, stack, cast(Any, None), cast(Any, None))
     assert "faults are defined for the zero-layer and baseline stacks" in capsys.readouterr().out
+
+
+PARENT_OF_A_SLEEPER = (
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+    "'import time; time.sleep(60)']); print('started', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("end", ["kill_tree", "stop_pids"])
+def test_ending_a_process_ends_what_it_started(tmp_path: Path, end: str) -> None:
+    """A replica over vLLM has a child (the engine core): a kill or a stop must not orphan it."""
+    import sys
+
+    log = tmp_path / "parent.log"
+    proc = spawn_replica([sys.executable, "-c", PARENT_OF_A_SLEEPER], log)
+    try:
+        deadline = time.monotonic() + 30
+        while not descendants(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = descendants(proc.pid)
+        assert children, "the parent started its child"
+        if end == "kill_tree":
+            assert proc.pid in kill_tree(proc.pid)
+        else:
+            stop_pids([proc.pid], timeout_s=2.0)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -20,6 +20,8 @@ safetensors_numpy = pytest.importorskip(
 )
 
 from bench.cli import main as zl_bench  # noqa: E402
+from harness.profile import load_profile  # noqa: E402
+from harness.workload import build_schedule  # noqa: E402
 from zerolayer.engine.tinymodel import TinyModelSpec, write_tiny_model  # noqa: E402
 
 
@@ -76,3 +78,26 @@ def test_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[
         zl_bench(["tiny-model", "--out", str(tmp_path / "n"), "--vocab-size", "10"])
     assert bad.value.code == 2
     assert "vocab size" in capsys.readouterr().err
+
+
+CPU_SCALES = ("smoke", "laptop")
+
+
+@pytest.mark.parametrize("scale", CPU_SCALES)
+def test_every_profiles_largest_request_fits_the_models_positions(
+    model_dir: Path, scale: str
+) -> None:
+    """Counted with the model's own tokenizer, as the vllm engine charges prompts. (The seed
+    scale's 512 kB prompts of profile B are the GPU study's, not a tiny model's.)"""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    for name in ("a_latency", "b_high_concurrency", "c_mixed"):
+        largest = {}
+        for req in build_schedule(load_profile(name, scale, None)):
+            if req.prompt_bytes > largest.get(req.request_class, (0, None))[0]:
+                largest[req.request_class] = (req.prompt_bytes, req)
+        for _, req in largest.values():
+            tokens = len(tokenizer.encode(req.prompt()).ids) + req.max_tokens
+            assert tokens <= positions, (name, scale, req.request_class, tokens)

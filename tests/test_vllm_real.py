@@ -12,18 +12,16 @@ from __future__ import annotations
 import asyncio
 import http.client
 import importlib.util
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
+import psutil
 import pytest
 from server_client import H2Client, wait_all
 
+from harness.stacks import ReplicaProcess, descendants
 from zerolayer.engine import EngineRequest, make_engine
 from zerolayer.engine.vllm_engine import VllmEngine
 from zerolayer.scheduler import SchedulerConfig, decide
@@ -41,6 +39,7 @@ pytestmark = [
 T = TypeVar("T")
 KV_BYTES = 1 << 20  # 1024 tokens of this model's KV: 8 blocks of 128 on the CPU backend
 MAX_MODEL_LEN = 512
+STEP_TOKENS = 128  # vLLM's max_num_batched_tokens: a longer prompt is prefilled in chunks
 PROMPT = "The replica streams tokens from the engine to the client"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -68,7 +67,7 @@ def engine(model_dir: Path, loop: asyncio.AbstractEventLoop) -> Iterator[VllmEng
             max_model_len=MAX_MODEL_LEN,
             kv_cache_memory_bytes=KV_BYTES,
             max_num_seqs=8,
-            temperature=0.0,
+            max_num_batched_tokens=STEP_TOKENS,
         )
         assert isinstance(engine, VllmEngine)
         return engine
@@ -124,6 +123,24 @@ def test_streams_exactly_max_tokens_one_chunk_per_step(
         assert [c.finish_reason for c in chunks][-2:] == [None, "length"]
         assert chunks[-1].completion_tokens == req.max_tokens
         assert {c.prompt_tokens for c in chunks} == {req.prompt_tokens}
+
+
+def test_seeded_requests_prefilled_in_chunks_stream_to_the_end(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """vLLM's CPU build fails a step (``CPU Generator does not use offset``) when a seeded,
+    randomly sampled request's prefill is chunked; the adapter's default sampling is greedy,
+    where the seed needs no generator, so profile C's long prompts run."""
+    prompt = long_prompt(engine, 3 * STEP_TOKENS)
+    reqs = [request(engine, f"chunked{i}", f"{i} {prompt}", 4) for i in range(3)]
+
+    async def all_of() -> list[list]:
+        return await asyncio.gather(*(collect(engine, r) for r in reqs))
+
+    for req, chunks in zip(reqs, on(loop, all_of()), strict=True):
+        assert req.prompt_tokens > STEP_TOKENS
+        assert chunks[-1].completion_tokens == req.max_tokens
+        assert chunks[-1].finish_reason == "length"
 
 
 def test_greedy_tokens_match_vllms_own_generate(
@@ -210,36 +227,25 @@ def test_kv_pressure_refusal_comes_from_vllms_kv_cache_usage(
     on(loop, main())
 
 
-def _wait_listening(log: Path, proc: subprocess.Popen[bytes]) -> int:
-    """The replica's port from its ``listening`` line (vLLM's start-up log comes first)."""
-    prefix = b"zl-replica listening on http://127.0.0.1:"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in log.read_bytes().splitlines():
-            if line.startswith(prefix):
-                return int(line.rsplit(b":", 1)[1])
-        time.sleep(0.5)
-    raise AssertionError(f"zl-replica did not start:\n{log.read_text()[-4000:]}")
-
-
-def test_zl_replica_serves_vllm_over_h2c_and_http1(model_dir: Path, tmp_path: Path) -> None:
-    """Streams over both protocols; usage counts the prompt in the model's tokens."""
+def test_zl_replica_serves_vllm_over_h2c_and_http1(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams over both protocols; usage counts the prompt in the model's tokens. Killed as
+    chaos kills a pod, the replica takes vLLM's engine core (its child process) with it."""
     import transformers
 
-    log = tmp_path / "replica.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "zerolayer.server", "--port", "0", "--engine", "vllm",
-                "--engine-option", f"model={model_dir}",
-                "--engine-option", f"max_model_len={MAX_MODEL_LEN}",
-                "--engine-option", f"kv_cache_memory_bytes={KV_BYTES * 4}",
-            ],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    options = {
+        "model": str(model_dir),
+        "max_model_len": MAX_MODEL_LEN,
+        "kv_cache_memory_bytes": KV_BYTES * 4,
+    }
+    replica = ReplicaProcess(
+        "vllm", options, log_path=tmp_path / "replica.log", ready_timeout_s=240
+    )
     try:
-        port = _wait_listening(log, proc)
+        port = replica.port
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
         prompt_tokens = len(tokenizer(PROMPT)["input_ids"])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -268,10 +274,10 @@ def test_zl_replica_serves_vllm_over_h2c_and_http1(model_dir: Path, tmp_path: Pa
             await client.close()
 
         asyncio.run(h2())
+        engine_core = descendants(replica.pid)
+        assert engine_core, "vLLM's engine core runs as a child of the replica"
+        replica.kill()
+        _, alive = psutil.wait_procs(engine_core, timeout=10)
+        assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        replica.stop()

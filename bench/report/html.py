@@ -235,6 +235,7 @@ def render(run_dir: str | Path) -> Path:
         ("run", run.run_id),
         ("scale", run.scale),
         ("engine", meta.engine),
+        *((f"stack {name}", label) for name, label in meta.stack_labels().items()),
         ("loader", meta.loader or "?"),
         ("seed", meta.seed if meta.seed is not None else "per profile"),
         ("git revision", meta.git_revision),

@@ -104,8 +104,8 @@ export default function () {
   headers[H.prompt_tokens] = String(p.prompt_tokens);
   headers[H.max_tokens] = String(p.max_tokens);
   const prompt = (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
-  const body = JSON.stringify(
-    { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed });
+  const body = JSON.stringify(Object.assign(
+    { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed }, CFG.extra_body));
   const res = http.post(
     p.url + '/v1/completions', body, { headers: headers, timeout: p.timeout_ms + 'ms' });
   const end = Date.now();
@@ -187,9 +187,10 @@ def write_inputs(
     vus: int,
     grace_s: float,
     trust: TlsTrust,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """The script, the plan with each request's replica and prompt fillers (``base.write_plan``),
-    and the k6 config."""
+    and the k6 config (with the fields every request body adds, ``Stack.body_fields``)."""
     paths = write_plan(schedule, routes, workdir, grace_s)
     config: dict[str, Any] = {
         "rate_per_1000s": max(1, round(rate * 1000)),
@@ -197,6 +198,7 @@ def write_inputs(
         "vus": vus,
         "graceful_stop_ms": graceful_stop_ms(schedule, grace_s),
         "insecure_skip_tls_verify": trust.skip_verify,
+        "extra_body": dict(extra_body or {}),
         "headers": {
             "session": contract.SESSION,
             "tenant": contract.TENANT,
@@ -315,6 +317,7 @@ def run_k6(
     process: str = "constant",
     lag_fraction: float | None = None,
     trust: TlsTrust | None = None,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Run k6 with request ``i`` sent to ``routes[i]`` (https:// for HTTP/2) and summarise it.
 
@@ -325,7 +328,7 @@ def run_k6(
     trust = trust if trust is not None else tls_trust(routes, None)
     paths = write_inputs(
         schedule, routes, workdir, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s,
-        trust=trust,
+        trust=trust, extra_body=extra_body,
     )  # fmt: skip
     limit_s = duration_s + graceful_stop_ms(schedule, grace_s) / 1000.0 + 30.0
     logged, metrics = _run_process(paths, workdir, trust, limit_s)
@@ -425,4 +428,5 @@ class K6Loader:
             process=profile.process,
             lag_fraction=self.lag_fraction,
             trust=tls_trust(stack.urls, stack.tls_ca),
+            extra_body=stack.body_fields(),
         )

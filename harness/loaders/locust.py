@@ -15,10 +15,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from harness.loaders.base import (
     DEFAULT_GRACE_S,
@@ -63,10 +63,12 @@ def run_locust(
     grace_s: float = DEFAULT_GRACE_S,
     lag_fraction: float | None = None,
     ca_cert: str | Path | None = None,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Run the schedule through locust, request ``i`` to ``routes[i]`` (HTTP/1.1), and summarise.
 
-    ``ca_cert`` is the certificate to trust for https URLs (the run's self-signed one).
+    ``ca_cert`` is the certificate to trust for https URLs (the run's self-signed one);
+    ``extra_body`` the fields every request body adds (``Stack.body_fields``).
     """
     workdir, records_path = Path(workdir), Path(records_path)
     records_path.unlink(missing_ok=True)
@@ -80,6 +82,7 @@ def run_locust(
         "profile": profile,
         "users": users,
         "verify": str(ca_cert) if ca_cert is not None else True,
+        "extra_body": dict(extra_body or {}),
     }
     config_path = workdir / "locust-config.json"
     config_path.write_text(json.dumps(config))
@@ -178,6 +181,7 @@ class LocustLoader:
             grace_s=self.grace_s,
             lag_fraction=self.lag_fraction,
             ca_cert=stack.tls_ca,
+            extra_body=stack.body_fields(),
         )
         result.extra["arrival_requested"] = profile.process
         return result

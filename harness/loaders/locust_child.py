@@ -92,6 +92,7 @@ def _post(client: HttpSession, p: dict[str, Any], rec: RequestRecord, run: _Run)
     """Send one planned request to its replica and read its SSE stream into ``rec``."""
     prompt = (p["id"] + ":" + run.fillers[p["filler"]])[: p["prompt_bytes"]]
     body = {"prompt": prompt, "max_tokens": p["max_tokens"], "stream": True, "seed": p["seed"]}
+    body.update(run.cfg.get("extra_body", {}))
     headers = dict(
         contract.build_headers(
             session=p["session"], tenant=p["tenant"], priority=p["priority"],

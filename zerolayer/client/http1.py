@@ -14,7 +14,8 @@ import contextlib
 import ssl
 import time
 from collections import deque
-from typing import Unpack, cast
+from collections.abc import Mapping
+from typing import Any, Unpack, cast
 
 import h11
 
@@ -129,6 +130,7 @@ class Http1Client:
         connect_timeout_s: float = 2.0,
         tls: ssl.SSLContext | None = None,
         model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.host, self.port, use_tls = split_url(self.url)
@@ -140,7 +142,7 @@ class Http1Client:
         self._idle: deque[H11Connection] = deque()
         self._all: set[H11Connection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._issue = RequestIssuer("h1", model)
+        self._issue = RequestIssuer("h1", model, extra_body)
 
     async def __aenter__(self) -> Http1Client:
         return self

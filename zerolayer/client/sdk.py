@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Iterable, Iterator
-from typing import Unpack
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Unpack
 
 import orjson
 
@@ -56,6 +56,7 @@ class ZeroLayerClient:
         connect_timeout_s: float = 2.0,
         tls: ssl.SSLContext | None = None,
         model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         urls = list(dict.fromkeys(replica_urls))
         if not urls:
@@ -73,7 +74,7 @@ class ZeroLayerClient:
             if tls is not None
             else (default_tls() if any(r.tls for r in self.replicas.values()) else None)
         )
-        self._issue = RequestIssuer("zl", model)
+        self._issue = RequestIssuer("zl", model, extra_body)
         self._poller: asyncio.Task[None] | None = None
         # Tasks of submitted requests that had to wait for a connection or a stream slot.
         self.background: set[asyncio.Future[None]] = set()

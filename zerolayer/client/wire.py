@@ -9,7 +9,7 @@ import itertools
 import os
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, NamedTuple, Required, TypedDict
+from typing import Any, Final, NamedTuple, Required, TypedDict
 
 import orjson
 
@@ -76,10 +76,32 @@ def server_error(status: int, code: str, body: bytes, retry_after: str | None) -
     )
 
 
+# The body fields the client itself sets; ``extra_body`` may add others but not replace these.
+CLIENT_BODY_FIELDS: Final = frozenset(
+    {"prompt", "messages", "max_tokens", "stream", "seed", "model"}
+)
+
+
+def check_extra_body(extra_body: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``extra_body`` as a dict; ValueError when it names a field the client sets itself."""
+    extra = dict(extra_body or {})
+    clash = sorted(CLIENT_BODY_FIELDS & extra.keys())
+    if clash:
+        raise ValueError(f"extra_body cannot set {', '.join(clash)}: the client sets them")
+    return extra
+
+
 def request_body(
-    prompt: str, max_tokens: int, seed: int | None, chat: bool, model: str | None
+    prompt: str,
+    max_tokens: int,
+    seed: int | None,
+    chat: bool,
+    model: str | None,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """The OpenAI-compatible streaming request body, encoded once per request."""
+    """The OpenAI-compatible streaming request body, encoded once per request. ``extra_body``
+    (checked by :func:`check_extra_body`) adds fields a server needs, such as vLLM's
+    ``ignore_eos``."""
     body: dict[str, Any] = (
         {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     )
@@ -89,6 +111,8 @@ def request_body(
         body["seed"] = seed
     if model is not None:
         body["model"] = model
+    if extra_body:
+        body.update(extra_body)
     return orjson.dumps(body)
 
 
@@ -161,6 +185,7 @@ def prepare(
     chat: bool = False,
     model: str | None = None,
     headers: Mapping[str, str] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> Prepared:
     """Validate and encode a request; raise ValueError on bad values or conflicting headers.
 
@@ -170,7 +195,7 @@ def prepare(
     pairs, contract_fields = _contract_headers(
         session, tenant, priority, deadline_ms, count_prompt_tokens(prompt), max_tokens
     )
-    body = request_body(prompt, max_tokens, seed, chat, model)
+    body = request_body(prompt, max_tokens, seed, chat, model, extra_body)
     encoded = [*contract_fields, (_REQUEST_ID, request_id.encode())]
     if headers:
         built = dict(pairs)
@@ -214,11 +239,19 @@ class RequestFields(TypedDict, total=False):
 class RequestIssuer:
     """Gives each request of one client a unique id and encodes it once, for either transport."""
 
-    def __init__(self, tag: str, model: str | None) -> None:
+    def __init__(
+        self, tag: str, model: str | None, extra_body: Mapping[str, Any] | None = None
+    ) -> None:
         self._ids = itertools.count()
         self._prefix = f"{tag}{os.getpid():x}-{id(self) & 0xFFFFFF:x}-"
         self.model = model
+        self.extra_body = check_extra_body(extra_body)
 
     def __call__(self, fields: RequestFields) -> Prepared:
         """Raises ValueError for bad values (and TypeError for unknown fields) at once."""
-        return prepare(request_id=f"{self._prefix}{next(self._ids)}", model=self.model, **fields)
+        return prepare(
+            request_id=f"{self._prefix}{next(self._ids)}",
+            model=self.model,
+            extra_body=self.extra_body,
+            **fields,
+        )

@@ -54,7 +54,9 @@ class VllmEngineConfig:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     seed: int = 0
-    temperature: float = 1.0
+    # Greedy by default: vLLM's CPU build fails a step ("CPU Generator does not use offset")
+    # when a seeded request sampled at temperature > 0 has its prefill chunked (vLLM 0.29).
+    temperature: float = 0.0
     extra_args: dict[str, Any] = field(default_factory=dict)
 
     def engine_args(self, on_cpu: bool = False) -> dict[str, Any]:
