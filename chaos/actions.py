@@ -244,12 +244,12 @@ def _health_conn(url: str, tls_ca: str) -> http.client.HTTPConnection:
     return http.client.HTTPSConnection(host, port, timeout=1.0, context=ctx)
 
 
-def _wait_listening(url: str, deadline: float, tls_ca: str = "") -> bool:
-    """Until ``GET /health`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes."""
+def _wait_listening(url: str, deadline: float, tls_ca: str = "", path: str = "/health") -> bool:
+    """Until ``GET path`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes."""
     while time.monotonic() < deadline:
         conn = _health_conn(url, tls_ca)
         try:
-            conn.request("GET", "/health")
+            conn.request("GET", path)
             response = conn.getresponse()
             response.read()
             if response.status == 200:
@@ -311,7 +311,9 @@ def wait_ready(
     while not _ready(target) and time.monotonic() < deadline:
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
-    healthy = _ready(target) and all(_wait_listening(u, deadline, target.tls_ca) for u in urls)
+    healthy = _ready(target) and all(
+        _wait_listening(u, deadline, target.tls_ca, target.health_path) for u in urls
+    )
     if not healthy:
         raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
     if target.stack == "baseline":

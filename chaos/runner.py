@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from baselines.rayserve_llm.standup import READY_PATH as LLM_READY_PATH
 from chaos.actions import baseline_pids, wait_ready
 from chaos.netproxy import NetProxy
 from chaos.recovery import Recovery, compute_from_files
@@ -200,6 +201,7 @@ def _baseline_target(stack: Stack, proxy: NetProxy) -> Target:
         protocol=stack.protocol,
         pids=baseline_pids(app) if stack.baseline is not None else stack.pids(),
         baseline_app=app,
+        health_path=LLM_READY_PATH if app == "llm" else "/health",
         netproxy=proxy.control,
         netproxy_front=stack.urls[0],
         netproxy_url=_proxy_url(stack, proxy),

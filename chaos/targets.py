@@ -46,7 +46,8 @@ class Target:
     certificate to trust on a TLS stack; ``engine_metrics`` (zero-layer ``/metrics`` URLs) and
     ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry.
     ``baseline_app`` says whose Ray actors the baseline's pids are: ``orchestrator`` (ours) or
-    ``llm`` (Ray Serve LLM).
+    ``llm`` (Ray Serve LLM); ``health_path`` what answers 200 on ``health_url`` once the stack
+    serves (Ray Serve LLM's OpenAI app has no ``/health``: ``/v1/models``).
     """
 
     stack: str
@@ -63,6 +64,7 @@ class Target:
     engine_metrics: list[str] = field(default_factory=list)
     engine_stats_files: list[str] = field(default_factory=list)
     baseline_app: str = ""
+    health_path: str = "/health"
 
     @property
     def engine_role(self) -> str:

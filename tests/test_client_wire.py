@@ -187,3 +187,19 @@ def test_cancel_reaches_the_carrying_stream_once_and_only_once_sent() -> None:
     resp.cancel()
     resp.cancel()
     assert carrier.cancelled == [7]
+
+
+def test_every_event_with_a_choice_is_a_chunk_even_without_text() -> None:
+    """vLLM streams one event per token, and a token can decode to no text yet (part of a
+    UTF-8 character, or a byte-level BPE piece): vLLM's ``bench serve`` times each as a chunk,
+    so TTFT is the first such event and ITL has one gap per event after it; a usage-only event
+    (no choice) is not a chunk."""
+    resp = Response(Timing(), chat=False)
+    resp.on_response(200, [])
+    usage = {"prompt_tokens": 5, "completion_tokens": 3}
+    resp.on_data(chunk("") + chunk(" a") + chunk("", "length"))
+    resp.on_data(sse({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+    resp.on_end()
+    t = resp.timing
+    assert len(t.chunk_ns) == 3 and t.first_token_ns == t.chunk_ns[0]
+    assert t.output_tokens == 3 and t.finish_reason == "length"

@@ -41,6 +41,7 @@ INGRESS_PREFIX = "OpenAiIngress"
 ROUTER_PREFIX = "LLMRouter"
 CPUS_PER_REPLICA = 2  # the replica actor's CPU merged into the engine's bundle
 EXTRA_CPUS = 2  # the ingress replica, and room for a second (e.g. direct streaming's router)
+READY_PATH = "/v1/models"  # the OpenAI app has no /health; it lists the model once it serves
 
 
 def _on_cpu() -> bool:
@@ -198,7 +199,7 @@ def start_llm_baseline(
     try:
         started = time.monotonic()
         deployed = _deploy(config)
-        wait_http(config.host, config.port, "/v1/models", _lists(config.model_id), ready_timeout_s)
+        wait_http(config.host, config.port, READY_PATH, _lists(config.model_id), ready_timeout_s)
         handle = LlmBaselineHandle(
             url=f"http://{config.host}:{config.port}",
             config=config,

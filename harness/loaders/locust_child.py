@@ -78,8 +78,7 @@ def _sse(rec: RequestRecord, line: bytes, now_ns: int) -> None:
         rec.outcome = "error"
         rec.error_code = str(event["error"].get("code", "stream_error"))
         return
-    choices = event.get("choices") or [{}]
-    if choices[0].get("text"):
+    if event.get("choices"):  # a chunk, text or not, as the SDK and vLLM's bench count it
         if not rec.first_token_ns:
             rec.first_token_ns = now_ns
         rec.chunk_ns.append(now_ns)

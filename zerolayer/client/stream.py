@@ -175,15 +175,16 @@ class Response:
             else:
                 # Our engines' vocabulary gives every token one leading space.
                 tokens = text.count(" ")
-            if text or tokens:
-                now = _now()
-                if not self.committed:
-                    self.committed = True
-                    timing.first_token_ns = now
-                timing.chunk_ns.append(now)
-                self.tokens += tokens
-                if self.notify is None:
-                    self.chunks.append(Chunk(text, tokens))
+            # Every event with a choice is a chunk, text or not (a token may decode to no text
+            # yet): vLLM's ``bench serve`` times TTFT and ITL so.
+            now = _now()
+            if not self.committed:
+                self.committed = True
+                timing.first_token_ns = now
+            timing.chunk_ns.append(now)
+            self.tokens += tokens
+            if self.notify is None:
+                self.chunks.append(Chunk(text, tokens))
             reason = choice.get("finish_reason")
             if reason:
                 timing.finish_reason = reason
