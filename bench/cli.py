@@ -46,7 +46,11 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
     Subcommand("overhead", "bench.overhead", "measure the serving layer's own overhead"),
     Subcommand("capacity", "bench.loader_capacity", "measure each load generator's own ceiling"),
-    Subcommand("fidelity", "bench.fidelity", "check the sim engine keeps its step model's time"),
+    Subcommand(
+        "fidelity",
+        "bench.fidelity",
+        "check the sim keeps its step model's time (--against vllm: its latencies vs vLLM's)",
+    ),
     Subcommand(
         "calibrate",
         "zerolayer.engine.calibrate",

@@ -2,6 +2,8 @@
 
 ``zl-bench fidelity``, the engine's own calibration check: step durations as modelled against as
 slept, cumulative drift, throughput and TTFT, with the engine's CPU share of one core.
+``zl-bench fidelity --against vllm --engine-option model=DIR`` instead checks the sim's latencies
+against the real vLLM's on the same load (``bench.fidelity_vllm``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import uvloop
 
 from harness.errors import UsageError
+from harness.profile import SCALES
 from zerolayer.cliargs import positive_int
 from zerolayer.engine import EngineRequest, SimConfig, SimEngine
 from zerolayer.engine.options import add_engine_option, validate_engine_options
@@ -99,10 +102,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-tokens", type=positive_int, default=128, help="output tokens each")
     add_engine_option(parser)
+    vllm = parser.add_argument_group(
+        "against vLLM", "the sim against the real vLLM (--engine-option then sets vLLM's options)"
+    )
+    vllm.add_argument("--against", choices=["vllm"], help="check the sim against this engine")
+    vllm.add_argument("--profiles", default="a,c", help="profiles to run, comma-separated")
+    vllm.add_argument("--scale", choices=SCALES, default="smoke", help="profile scale")
+    vllm.add_argument("--calibration", help="vLLM step-time profile; unset: calibrate first")
+    vllm.add_argument(
+        "--calibrate",
+        choices=["served", "offline"],
+        default="served",  # bench.fidelity_vllm.Calibrate, not imported for the self-check
+        help="without --calibration: time steps through the vLLM replica, or vllm.LLM alone",
+    )
+    vllm.add_argument("--out", help="output directory (unset: results/fidelity-vllm-TIME)")
+    vllm.add_argument(
+        "--max-requests", type=positive_int, help="run only each schedule's first N requests"
+    )
+    vllm.add_argument(
+        "--tolerance", type=float, default=0.15, help="largest relative error per cell"
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Drive the engine and print the figures; 1 when out of tolerance (10 % step, 1 % drift)."""
+    """Drive the engine and print the figures; 1 when out of tolerance (10 % step, 1 % drift).
+
+    With ``--against vllm``, the end-to-end check against the real vLLM instead."""
+    if args.against == "vllm":
+        from bench.fidelity_vllm import run_command as against_vllm
+
+        return against_vllm(args)
+    if args.calibration is not None:
+        raise UsageError("--calibration goes with --against vllm")
     try:
         config = SimConfig(**validate_engine_options("sim", dict(args.engine_options)))
     except ValueError as exc:

@@ -1,16 +1,35 @@
-"""``zl-bench overhead``: what the serving layer itself costs, over an in-process null engine.
+"""``zl-bench overhead``: what the serving layer itself costs, over an in-process engine.
 
-Each target (the in-process engine; the zero-layer stack SDK -> replica -> null engine; the Ray
-Serve baseline over HTTP/1.1; any plugged-in ``--target NAME=module:function``) is driven with the
-same schedule by the native loader (``harness.loaders.native.run_schedule``): a fixed rate for a
-bounded time with at most ``in_flight`` requests outstanding (wrk2-style; or bursts of
-``in_flight`` with ``--burst``), latency measured from each request's intended send time. Stacks
-are stood up the one way (``harness.stacks.stand_up``) over the null engine, so every millisecond
-a request takes is the layer's own. The table gives p50/p99 per target and in-flight level, what
-each adds over in-process, the loader's own CPU per request (``cpu us``, idle spin excluded) and
-the target's server CPU per request (``srv us``): the figures to trust when other work shares the
-machine and wall-clock percentiles do not. Then a replica's RSS is measured with 1000 concurrent
-open streams (sim engine, long generations) through one SDK connection.
+Each target (the in-process engine; the zero-layer stack SDK -> replica -> engine; the baseline
+over HTTP/1.1; with ``--engine vllm`` also ``vllm-serve``, vLLM's own OpenAI server; any
+plugged-in ``--target NAME=module:function``) is driven with the same schedule by the native
+loader (``harness.loaders.native.run_schedule``): a fixed rate for a bounded time with at most
+``in_flight`` requests outstanding (wrk2-style; or bursts of ``in_flight`` with ``--burst``, the
+default with ``--engine vllm``), latency measured from each request's intended send time. Stacks
+are stood up the one way (``harness.stacks.stand_up``, one replica) and measured one at a time,
+each torn down before the next starts, so they never share the cores with each other.
+
+Over the null engine every millisecond a request takes is the layer's own. Over the real vLLM
+engine (``--engine vllm --engine-option model=DIR``) the in-process floor is vLLM's ``AsyncLLM``
+called through the zero-layer adapter, and the baseline is Ray Serve LLM; unless ``--rate`` is
+given, each level's rate is a quarter of the in-process engine's throughput measured closed-loop
+at that level just before (so no stack's engine is overloaded on a small machine), or
+conservative defaults where ``inproc`` is not run.
+
+The tables give per target and in-flight level: TTFT and E2EL p50/p99, what each adds over
+in-process, the tokens each request streamed (every target must serve exactly ``max_tokens``),
+the loader's own CPU per request (``cli us/req``, idle spin excluded), and the server's CPU per
+completed request and per streamed token: the CPU time of every process of the stack and their
+descendants read before and after the level (psutil's 10 ms ticks: run long enough). ``layer``
+is that less vLLM's engine core and workers (``VLLM::*`` processes), which busy-poll while
+requests come often and cost the same in every stack; what is left is the serving layer's own
+(for the stacks it includes ``AsyncLLM``'s front end, which for ``inproc`` is in ``cli us/req``).
+For ``inproc`` the server is the engine's child processes (none for the null engine). A level
+during which the host's cores were nearly all busy is marked saturated: trust its CPU figures
+over its wall-clock ones. A one-line verdict compares the zero-layer replica with vLLM's own
+server (added E2EL p50 and p99, layer CPU per token). With the null engine a replica's RSS is
+then measured with 1000 concurrent open streams (sim engine, long generations) through one SDK
+connection.
 """
 
 from __future__ import annotations
@@ -19,32 +38,97 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import importlib.util
+import os
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 import psutil
 import uvloop
 
 from harness.errors import UsageError
 from harness.loaders.base import LoadResult
 from harness.loaders.native import Sender, SendFn, client_sender, engine_sender, run_schedule
+from harness.schema import RequestRecord
 from harness.stacks import ReplicaProcess, StackName, StackSpec, stand_up
 from harness.workload import PlannedRequest
 from zerolayer.client import ZeroLayerClient, ZeroLayerError
-from zerolayer.engine import NullEngine
+from zerolayer.engine import make_engine
+from zerolayer.engine.options import add_engine_option, validate_engine_options
 
 DEFAULT_RATES = {1: 200.0, 64: 500.0}
 DEADLINE_MS = 30_000
+ENGINES = ("null", "vllm")
+# A level whose host CPU was this busy (fraction of all cores) ran on a saturated machine.
+SATURATED_BUSY = 0.9
+# Each level offers this fraction of the in-process engine's measured closed-loop throughput.
+# A quarter: each stack's own processes (and the loader) share the cores with the engine, whose
+# core and worker busy-poll; at half, vLLM's own server fell behind at 16 in flight on 2 cores.
+UTILIZATION = 0.25
+# Closed-loop requests per in-flight slot when measuring the in-process throughput.
+PROBE_ROUNDS = 4
+# Per in-flight slot, req/s where nothing measured the engine (tiny model, 32 tokens, 2 cores).
+VLLM_FALLBACK_RATE_PER_SLOT = 1.0
+# vLLM names its engine core and worker processes ``VLLM::EngineCore``, ``VLLM::Worker``: their
+# CPU is the engine's, the same in every stack; the rest of a server's is the serving layer's.
+ENGINE_PROCESS_PREFIX = "VLLM::"
+FLOOR = "inproc"
+OURS = "zerolayer"
+PEER = "vllm-serve"
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """What an option means when not given, per engine: the null engine measures the bare layer
+    at high rates; the real vLLM engine a short prompt and a modest stream, in bursts of the
+    in-flight count (at a modest rate, evenly spaced requests would rarely overlap)."""
+
+    targets: str
+    levels: tuple[int, ...]
+    prompt_bytes: int
+    max_tokens: int
+    duration_s: float
+    warmup_s: float
+    rss_streams: int
+    burst: bool
+
+
+DEFAULTS: Mapping[str, Defaults] = {
+    "null": Defaults("inproc,zerolayer", (1, 64), 1024, 128, 20.0, 1.0, 1000, burst=False),
+    "vllm": Defaults(
+        "inproc,zerolayer,vllm-serve,baseline", (1, 16), 256, 32, 20.0, 3.0, 0, burst=True
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The request every target serves; the null engine answers it in one chunk."""
+    """The request every target serves, and the engine (with its options) behind every target."""
 
     prompt_bytes: int = 1024
     max_tokens: int = 128
+    engine: str = "null"
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """One run's options after the engine's defaults are filled in."""
+
+    workload: Workload
+    targets: str
+    levels: tuple[int, ...]
+    rate: float
+    duration_s: float
+    warmup_s: float
+    burst: bool
+    rss_streams: int
+    rss_max_tokens: int
+    out: Path | None
 
 
 @dataclass(slots=True)
@@ -62,32 +146,126 @@ TargetFactory = Callable[[str, Workload, Path], Awaitable[Target]]
 
 
 @dataclass(frozen=True, slots=True)
+class HostLoad:
+    """How busy the whole host was during a level: CPU busy fraction of all cores, 1-min load."""
+
+    busy: float
+    load1: float
+    cores: int
+
+    @property
+    def saturated(self) -> bool:
+        return self.busy >= SATURATED_BUSY or self.load1 >= self.cores
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCpu:
+    """CPU seconds a target's server processes spent during a level: all of them, and the
+    serving layer's alone (every process but the engine's own, see ENGINE_PROCESS_PREFIX)."""
+
+    total_s: float
+    layer_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Level:
-    """One target at one in-flight level: percentiles (ms) from the run's summary, CPU costs."""
+    """One target at one in-flight level: percentiles (ms, from intended send) from the run's
+    summary, tokens streamed per completed request, and CPU costs."""
 
     target: str
     in_flight: int
+    rate: float
     completed: int
     errors: int
-    p50_ms: float | None
-    p99_ms: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2el_p50_ms: float | None
+    e2el_p99_ms: float | None
     lag_p99_ms: float | None
+    tokens: tuple[int, ...]
     client_cpu_us: float
-    server_cpu_us: float | None
+    server_cpu: ServerCpu | None
+    host: HostLoad
     error_codes: dict[str, int] = field(default_factory=dict)
+    invalid_reasons: tuple[str, ...] = ()
+
+    @property
+    def tokens_total(self) -> int:
+        return sum(self.tokens)
+
+    def _per(self, seconds: float | None, count: int) -> float | None:
+        return seconds / count * 1e6 if seconds is not None and count else None
+
+    @property
+    def server_us_per_request(self) -> float | None:
+        total = self.server_cpu.total_s if self.server_cpu else None
+        return self._per(total, self.completed)
+
+    @property
+    def server_us_per_token(self) -> float | None:
+        total = self.server_cpu.total_s if self.server_cpu else None
+        return self._per(total, self.tokens_total)
+
+    @property
+    def layer_us_per_token(self) -> float | None:
+        layer = self.server_cpu.layer_s if self.server_cpu else None
+        return self._per(layer, self.tokens_total)
+
+    def short_streams(self, max_tokens: int) -> int:
+        """Completed requests that streamed other than ``max_tokens`` tokens."""
+        return sum(1 for n in self.tokens if n != max_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    """What a target adds over the in-process floor at the same in-flight level (ms)."""
+
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2el_p50_ms: float | None
+    e2el_p99_ms: float | None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+def added(level: Level, floor: Level | None) -> Added:
+    """``level``'s percentiles less the floor's (None where either is missing)."""
+    if floor is None:
+        return Added(None, None, None, None)
+    return Added(
+        _minus(level.ttft_p50_ms, floor.ttft_p50_ms),
+        _minus(level.ttft_p99_ms, floor.ttft_p99_ms),
+        _minus(level.e2el_p50_ms, floor.e2el_p50_ms),
+        _minus(level.e2el_p99_ms, floor.e2el_p99_ms),
+    )
+
+
+def floors(levels: Iterable[Level]) -> dict[int, Level]:
+    """The in-process level per in-flight count."""
+    return {lv.in_flight: lv for lv in levels if lv.target == FLOOR}
 
 
 async def inproc_target(name: str, workload: Workload, workdir: Path) -> Target:
-    """The floor: the null engine called in this process, no serving layer at all."""
-    engine = NullEngine()
-    return Target(name, engine_sender(engine), engine.close)
+    """The floor: the engine called in this process, no serving layer at all. Its server CPU is
+    its child processes' (vLLM's engine core); the null engine has none."""
+    engine = make_engine(workload.engine, **workload.engine_options)
+    children = [] if workload.engine == "null" else [c.pid for c in psutil.Process().children()]
+    return Target(name, engine_sender(engine), engine.close, children)
 
 
 def stack_target(stack_name: StackName) -> TargetFactory:
-    """A stack over the null engine (one replica), stood up the one way, through its client."""
+    """A stack over the workload's engine (one replica), stood up the one way; sent to through
+    its client."""
 
     async def factory(name: str, workload: Workload, workdir: Path) -> Target:
-        spec = StackSpec(stack_name, engine="null", replicas=1)
+        spec = StackSpec(
+            stack_name,
+            engine=workload.engine,
+            engine_options=dict(workload.engine_options),
+            replicas=1,
+        )
         stack = await asyncio.to_thread(stand_up, spec, workdir / name)
         try:
             client = stack.open_client()
@@ -109,10 +287,30 @@ def stack_target(stack_name: StackName) -> TargetFactory:
 
 
 BUILTIN: dict[str, TargetFactory] = {
-    "inproc": inproc_target,
-    "zerolayer": stack_target(StackName.ZEROLAYER),
+    FLOOR: inproc_target,
+    OURS: stack_target(StackName.ZEROLAYER),
+    "baseline": stack_target(StackName.BASELINE),
     "rayserve": stack_target(StackName.BASELINE),
+    PEER: stack_target(StackName.VLLM_SERVE),
 }
+# Targets that only a real vLLM engine can serve.
+VLLM_ONLY = frozenset({PEER})
+
+
+def _request(workload: Workload, i: int, offset_s: float) -> PlannedRequest:
+    return PlannedRequest(
+        index=i,
+        request_id=f"ovh-{i}",
+        offset_s=offset_s,
+        request_class="overhead",
+        prompt_bytes=workload.prompt_bytes,
+        max_tokens=workload.max_tokens,
+        seed=7,
+        session=f"s{i % 1024}",
+        tenant="default",
+        priority="normal",
+        deadline_ms=DEADLINE_MS,
+    )
 
 
 def schedule(
@@ -123,37 +321,61 @@ def schedule(
     group = in_flight if burst else 1
     period = group / rate
     rounds = max(1, int(duration_s / period))
-    return [
-        PlannedRequest(
-            index=i,
-            request_id=f"ovh-{i}",
-            offset_s=(i // group) * period,
-            request_class="overhead",
-            prompt_bytes=workload.prompt_bytes,
-            max_tokens=workload.max_tokens,
-            seed=7,
-            session=f"s{i % 1024}",
-            tenant="default",
-            priority="normal",
-            deadline_ms=DEADLINE_MS,
-        )
-        for i in range(rounds * group)
-    ]
+    return [_request(workload, i, (i // group) * period) for i in range(rounds * group)]
 
 
-def _cpu_s(pids: Sequence[int]) -> float:
-    total = 0.0
+def _process_tree(pids: Sequence[int]) -> dict[int, psutil.Process]:
+    """The processes and all their descendants, by pid (gone ones left out)."""
+    found: dict[int, psutil.Process] = {}
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            total += sum(psutil.Process(pid).cpu_times()[:2])
-    return total
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                found[p.pid] = p
+    return found
+
+
+# A pid's process name and its user + system CPU seconds.
+CpuReading = Mapping[int, tuple[str, float]]
+
+
+def cpu_by_pid(pids: Sequence[int]) -> dict[int, tuple[str, float]]:
+    """Name and user + system CPU seconds of each process in the trees under ``pids``."""
+    out: dict[int, tuple[str, float]] = {}
+    for pid, proc in _process_tree(pids).items():
+        with contextlib.suppress(psutil.Error):
+            out[pid] = (proc.name(), sum(proc.cpu_times()[:2]))
+    return out
+
+
+def cpu_spent(before: CpuReading, after: CpuReading) -> ServerCpu:
+    """CPU seconds spent between two readings, all and the layer's (not the engine's): a process
+    new in ``after`` counts whole (it started in between); one gone from ``after`` is left out
+    (its last interval is unknown)."""
+    total = layer = 0.0
+    for pid, (name, seconds) in after.items():
+        spent = max(0.0, seconds - before.get(pid, (name, 0.0))[1])
+        total += spent
+        if not name.startswith(ENGINE_PROCESS_PREFIX):
+            layer += spent
+    return ServerCpu(total, layer)
+
+
+def host_busy(before: Any, after: Any) -> float:
+    """Busy fraction of all cores between two ``psutil.cpu_times()`` readings."""
+    total = sum(after) - sum(before)
+    idle = (after.idle - before.idle) + (
+        getattr(after, "iowait", 0.0) - getattr(before, "iowait", 0.0)
+    )
+    return 1.0 - idle / total if total > 0 else 0.0
 
 
 async def drive(
-    target: Target, plan: Sequence[PlannedRequest], in_flight: int, records: Path
+    target: Target, plan: Sequence[PlannedRequest], in_flight: int, rate: float, records: Path
 ) -> Level:
-    """One level through the native loader; server CPU measured around it."""
-    server0 = _cpu_s(target.server_pids)
+    """One level through the native loader; server CPU and host load measured around it."""
+    server0 = cpu_by_pid(target.server_pids)
+    host0 = psutil.cpu_times()
     result: LoadResult = await run_schedule(
         plan,
         target.send,
@@ -162,40 +384,123 @@ async def drive(
         records_path=records,
         max_in_flight=in_flight,
     )
-    server = _cpu_s(target.server_pids) - server0
+    host = HostLoad(host_busy(host0, psutil.cpu_times()), os.getloadavg()[0], _cores())
+    server = cpu_spent(server0, cpu_by_pid(target.server_pids)) if target.server_pids else None
     s = result.summary
-    n = max(1, len(plan))
     return Level(
         target=target.name,
         in_flight=in_flight,
+        rate=rate,
         completed=int(s["completed"]),
         errors=int(s["errors"]) + int(s["lost"]),
-        p50_ms=s.get("median_e2el_intended_ms"),
-        p99_ms=s.get("p99_e2el_intended_ms"),
+        ttft_p50_ms=s.get("median_ttft_intended_ms"),
+        ttft_p99_ms=s.get("p99_ttft_intended_ms"),
+        e2el_p50_ms=s.get("median_e2el_intended_ms"),
+        e2el_p99_ms=s.get("p99_e2el_intended_ms"),
         lag_p99_ms=s.get("p99_lag_ms"),
+        tokens=tuple(r.output_tokens for r in result.records if r.outcome == "completed"),
         client_cpu_us=float(result.extra["loader_cpu_us_per_request"]),
-        server_cpu_us=server / n * 1e6 if target.server_pids else None,
+        server_cpu=server,
+        host=host,
         error_codes=dict(s["errors_by_code"]),
+        invalid_reasons=tuple(s.get("invalid_reasons", ())),
     )
 
 
-async def run_target(
-    name: str, factory: TargetFactory, args: argparse.Namespace, workdir: Path
+def _cores() -> int:
+    return psutil.cpu_count() or 1
+
+
+def closed_loop_rate(completed: int, first_sent_ns: int, last_end_ns: int) -> float:
+    """Requests per second a closed loop completed between its first send and its last answer."""
+    span_s = (last_end_ns - first_sent_ns) / 1e9
+    return completed / span_s if completed and span_s > 0 else 0.0
+
+
+async def probe_rate(target: Target, workload: Workload, in_flight: int, workdir: Path) -> float:
+    """The rate to offer at ``in_flight``: UTILIZATION of the target's closed-loop throughput
+    (PROBE_ROUNDS requests per slot, all due at once, at most ``in_flight`` outstanding), after
+    one untimed round (a fresh engine's first requests are slow)."""
+    done: list[RequestRecord] = []
+    for rounds, name in ((1, "warm"), (PROBE_ROUNDS, "probe")):
+        plan = [_request(workload, i, 0.0) for i in range(rounds * in_flight)]
+        result = await run_schedule(
+            plan,
+            target.send,
+            stack=target.name,
+            profile=f"{name}-{in_flight}",
+            records_path=workdir / f"{name}-{in_flight}.jsonl",
+            max_in_flight=in_flight,
+        )
+        done = [r for r in result.records if r.outcome == "completed"]
+    if not done:
+        raise RuntimeError(f"the in-process engine completed nothing at {in_flight} in flight")
+    throughput = closed_loop_rate(
+        len(done), min(r.sent_ns for r in done), max(r.end_ns for r in done)
+    )
+    return UTILIZATION * throughput
+
+
+def fixed_rates(settings: Settings) -> dict[int, float] | None:
+    """Each level's rate when nothing is measured: ``--rate``, the null engine's defaults, or
+    (vLLM without ``inproc`` to measure) conservative ones; None when ``inproc`` will measure."""
+    if settings.rate:
+        return dict.fromkeys(settings.levels, settings.rate)
+    if settings.workload.engine == "null":
+        return {lv: DEFAULT_RATES.get(lv, 10.0 * lv) for lv in settings.levels}
+    if FLOOR in settings.targets.split(","):
+        return None
+    return {lv: VLLM_FALLBACK_RATE_PER_SLOT * lv for lv in settings.levels}
+
+
+def _fixed_source(settings: Settings) -> str:
+    return "given" if settings.rate else f"{settings.workload.engine} engine defaults"
+
+
+async def run_levels(
+    target: Target, settings: Settings, rates: Mapping[int, float], workdir: Path
 ) -> list[Level]:
-    """Every in-flight level of one target: a warm-up, then the measured run."""
-    workload = Workload(args.prompt_bytes, args.max_tokens)
+    """Every in-flight level of one stood-up target: a warm-up, then the measured run."""
     out = []
-    for in_flight in args.levels:
-        rate = args.rate or DEFAULT_RATES.get(in_flight, 10.0 * in_flight)
-        target = await factory(name, workload, workdir)
+    workload = settings.workload
+    for in_flight in settings.levels:
+        rate = rates[in_flight]
+        print(f"    {target.name}: {in_flight} in flight at {rate:.3g} req/s", flush=True)
+        warm = schedule(workload, in_flight, rate, settings.warmup_s, settings.burst)
+        base = workdir / f"{target.name}-{in_flight}"
+        await drive(target, warm, in_flight, rate, base.with_suffix(".warmup.jsonl"))
+        plan = schedule(workload, in_flight, rate, settings.duration_s, settings.burst)
+        out.append(await drive(target, plan, in_flight, rate, base.with_suffix(".jsonl")))
+    return out
+
+
+async def measure(
+    settings: Settings, chosen: Sequence[tuple[str, TargetFactory]], workdir: Path
+) -> tuple[list[Level], dict[int, float], str]:
+    """Each target stood up, measured at every level and torn down in turn (``inproc`` first,
+    where it measures the rates). Returns the levels, the rates used and where they came from."""
+    rates = fixed_rates(settings)
+    source = _fixed_source(settings)
+    levels: list[Level] = []
+    for name, factory in sorted(chosen, key=lambda c: c[0] != FLOOR):
+        print(f"  standing up {name} ...", flush=True)
+        target = await factory(name, settings.workload, workdir)
         try:
-            warm = schedule(workload, in_flight, rate, args.warmup, args.burst)
-            await drive(target, warm, in_flight, workdir / f"{name}-{in_flight}-warmup.jsonl")
-            plan = schedule(workload, in_flight, rate, args.duration, args.burst)
-            out.append(await drive(target, plan, in_flight, workdir / f"{name}-{in_flight}.jsonl"))
+            if rates is None:
+                rates = {
+                    lv: await probe_rate(target, settings.workload, lv, workdir)
+                    for lv in settings.levels
+                }
+                source = f"{UTILIZATION:g} x in-process closed-loop throughput"
+                print(f"  rates ({source}): {_rates_text(rates)}", flush=True)
+            levels += await run_levels(target, settings, rates, workdir)
         finally:
             await target.close()
-    return out
+    return levels, rates or {}, source
+
+
+def _rates_text(rates: Mapping[int, float]) -> str:
+    return ", ".join(f"{lv} in flight {r:.3g} req/s" for lv, r in rates.items())
 
 
 async def replica_rss(streams: int, max_tokens: int, hold_s: float) -> dict[str, float]:
@@ -245,34 +550,297 @@ async def replica_rss(streams: int, max_tokens: int, hold_s: float) -> dict[str,
     }
 
 
-def _ms(value: float | None) -> str:
-    return f"{value:>9.3f}" if value is not None else f"{'-':>9}"
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One table column: its header, the row key it shows, and decimals for a number."""
+
+    header: str
+    key: str
+    digits: int = 0
 
 
-def _minus(a: float | None, b: float | None) -> float | None:
-    return a - b if a is not None and b is not None else None
+LATENCY_COLUMNS = (
+    Column("target", "target"),
+    Column("in-flight", "in_flight"),
+    Column("req/s", "rate", 2),
+    Column("n", "completed"),
+    Column("err", "errors"),
+    Column("ttft p50", "ttft_p50_ms", 3),
+    Column("ttft p99", "ttft_p99_ms", 3),
+    Column("e2el p50", "e2el_p50_ms", 3),
+    Column("e2el p99", "e2el_p99_ms", 3),
+    Column("+ttft p50", "added_ttft_p50_ms", 3),
+    Column("+ttft p99", "added_ttft_p99_ms", 3),
+    Column("+e2el p50", "added_e2el_p50_ms", 3),
+    Column("+e2el p99", "added_e2el_p99_ms", 3),
+    Column("lag p99", "lag_p99_ms", 3),
+)
+COST_COLUMNS = (
+    Column("target", "target"),
+    Column("in-flight", "in_flight"),
+    Column("tok/req", "tokens_per_request"),
+    Column("short", "short_streams"),
+    Column("cli us/req", "client_cpu_us_per_request"),
+    Column("srv us/req", "server_cpu_us_per_request"),
+    Column("srv us/tok", "server_cpu_us_per_token", 1),
+    Column("layer us/tok", "layer_cpu_us_per_token", 1),
+    Column("host busy %", "host_busy_pct"),
+    Column("load1", "load1", 2),
+    Column("saturated", "saturated"),
+)
 
 
-def table(levels: Sequence[Level]) -> str:
-    """The side-by-side table: latency from intended send, and what each target adds."""
-    floor = {lv.in_flight: lv for lv in levels if lv.target == "inproc"}
-    rows = [
-        f"{'target':<12} {'in-flight':>9} {'n':>7} {'err':>5} {'p50 ms':>9} {'p99 ms':>9} "
-        f"{'+p50 ms':>9} {'+p99 ms':>9} {'lag p99':>9} {'cpu us':>7} {'srv us':>7}"
+def _token_range(tokens: Sequence[int]) -> str | None:
+    if not tokens:
+        return None
+    low, high = min(tokens), max(tokens)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def row(level: Level, floor: Level | None, max_tokens: int) -> dict[str, Any]:
+    """Everything known about one level, keyed as the JSON output and the tables name it."""
+    plus = added(level, floor)
+    return {
+        "target": level.target,
+        "in_flight": level.in_flight,
+        "rate": level.rate,
+        "completed": level.completed,
+        "errors": level.errors,
+        "error_codes": level.error_codes,
+        "ttft_p50_ms": level.ttft_p50_ms,
+        "ttft_p99_ms": level.ttft_p99_ms,
+        "e2el_p50_ms": level.e2el_p50_ms,
+        "e2el_p99_ms": level.e2el_p99_ms,
+        **{f"added_{k}": v for k, v in asdict(plus).items()},
+        "lag_p99_ms": level.lag_p99_ms,
+        "tokens_per_request": _token_range(level.tokens),
+        "tokens_total": level.tokens_total,
+        "short_streams": level.short_streams(max_tokens),
+        "client_cpu_us_per_request": level.client_cpu_us,
+        "server_cpu_s": level.server_cpu.total_s if level.server_cpu else None,
+        "layer_cpu_s": level.server_cpu.layer_s if level.server_cpu else None,
+        "server_cpu_us_per_request": level.server_us_per_request,
+        "server_cpu_us_per_token": level.server_us_per_token,
+        "layer_cpu_us_per_token": level.layer_us_per_token,
+        "host_busy_pct": 100.0 * level.host.busy,
+        "load1": level.host.load1,
+        "saturated": "yes" if level.host.saturated else "no",
+        "invalid_reasons": list(level.invalid_reasons),
+    }
+
+
+def rows(levels: Sequence[Level], max_tokens: int) -> list[dict[str, Any]]:
+    """One row per level, each with what it adds over the in-process level of its in-flight."""
+    floor = floors(levels)
+    return [row(lv, floor.get(lv.in_flight), max_tokens) for lv in levels]
+
+
+def _cell(value: Any, digits: int) -> str:
+    """A missing figure is a dash, never 0."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _cells(table_rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> list[list[str]]:
+    return [[c.header for c in columns]] + [
+        [_cell(r[c.key], c.digits) for c in columns] for r in table_rows
     ]
-    for lv in levels:
-        base = floor.get(lv.in_flight)
-        add50 = _minus(lv.p50_ms, base.p50_ms) if base else None
-        add99 = _minus(lv.p99_ms, base.p99_ms) if base else None
-        srv = f"{lv.server_cpu_us:>7.0f}" if lv.server_cpu_us is not None else f"{'-':>7}"
-        rows.append(
-            f"{lv.target:<12} {lv.in_flight:>9} {lv.completed:>7} {lv.errors:>5} "
-            f"{_ms(lv.p50_ms)} {_ms(lv.p99_ms)} {_ms(add50)} {_ms(add99)} {_ms(lv.lag_p99_ms)} "
-            f"{lv.client_cpu_us:>7.0f} {srv}"
+
+
+def text_table(table_rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """Aligned columns, the first left-aligned."""
+    cells = _cells(table_rows, columns)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        " ".join(
+            v.ljust(w) if i == 0 else v.rjust(w)
+            for i, (v, w) in enumerate(zip(line, widths, strict=True))
         )
-    rows += [f"{lv.target} at {lv.in_flight} in flight: errors {lv.error_codes}"
+        for line in cells
+    )
+
+
+def markdown_table(table_rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    cells = _cells(table_rows, columns)
+    head, body = cells[0], cells[1:]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body])
+
+
+def table(levels: Sequence[Level], max_tokens: int = 0) -> str:
+    """The side-by-side tables (latency, then costs) and any errors by code."""
+    table_rows = rows(levels, max_tokens)
+    notes = [f"{lv.target} at {lv.in_flight} in flight: errors {lv.error_codes}"
              for lv in levels if lv.error_codes]  # fmt: skip
-    return "\n".join(rows)
+    parts = [text_table(table_rows, LATENCY_COLUMNS), "", text_table(table_rows, COST_COLUMNS)]
+    return "\n".join(parts + notes)
+
+
+def warnings(levels: Sequence[Level], max_tokens: int) -> list[str]:
+    """Levels where a request streamed other than ``max_tokens`` tokens, whose summary says
+    their latencies are invalid (the loader lagged, requests were lost), or the host saturated."""
+    out = []
+    for lv in levels:
+        short = lv.short_streams(max_tokens)
+        if short:
+            out.append(
+                f"WARNING: {lv.target} at {lv.in_flight} in flight: {short} of {lv.completed} "
+                f"requests streamed other than {max_tokens} tokens ({_token_range(lv.tokens)})"
+            )
+        if lv.invalid_reasons:
+            out.append(
+                f"NOTE: {lv.target} at {lv.in_flight} in flight is no valid latency measurement: "
+                + "; ".join(lv.invalid_reasons)
+            )
+        if lv.host.saturated:
+            out.append(
+                f"NOTE: host saturated during {lv.target} at {lv.in_flight} in flight "
+                f"(CPU {100 * lv.host.busy:.0f}% of {lv.host.cores} cores, "
+                f"load {lv.host.load1:.2f}): trust its CPU figures over its latencies"
+            )
+    return out
+
+
+def _signed(value: float | None, unit: str) -> str:
+    return f"{value:+.2f} {unit}" if value is not None else "-"
+
+
+def _us(value: float | None) -> str:
+    return f"{value:.0f} us" if value is not None else "-"
+
+
+def _less(a: float | None, b: float | None) -> bool | None:
+    return None if a is None or b is None else a < b
+
+
+def verdict(levels: Sequence[Level], ours: str = OURS, peer: str = PEER) -> str | None:
+    """One line: does ``ours`` add less than ``peer`` (added E2EL p50 and p99 over in-process,
+    and the layer's CPU per streamed token) at every in-flight level both ran? None if they did
+    not both run beside ``inproc``."""
+    floor = floors(levels)
+    by = {(lv.target, lv.in_flight): lv for lv in levels}
+    shared = [n for (t, n) in by if t == ours and (peer, n) in by and n in floor]
+    if not shared:
+        return None
+    latency: list[bool | None] = []
+    cpu: list[bool | None] = []
+    details = []
+    for n in sorted(shared):
+        a, b = by[ours, n], by[peer, n]
+        plus_a, plus_b = added(a, floor[n]), added(b, floor[n])
+        latency += [_less(plus_a.e2el_p50_ms, plus_b.e2el_p50_ms),
+                    _less(plus_a.e2el_p99_ms, plus_b.e2el_p99_ms)]  # fmt: skip
+        cpu.append(_less(a.layer_us_per_token, b.layer_us_per_token))
+        details.append(
+            f"{n} in flight: +e2el p50 {_signed(plus_a.e2el_p50_ms, 'ms')} vs "
+            f"{_signed(plus_b.e2el_p50_ms, 'ms')}, p99 {_signed(plus_a.e2el_p99_ms, 'ms')} vs "
+            f"{_signed(plus_b.e2el_p99_ms, 'ms')}, layer CPU/token "
+            f"{_us(a.layer_us_per_token)} vs {_us(b.layer_us_per_token)}"
+        )
+    return f"verdict: {ours} {_judge(latency, cpu)} {peer} ({'; '.join(details)})"
+
+
+def _word(results: Sequence[bool | None]) -> str:
+    """``less`` when every comparison came out less, ``more`` when none did, else ``mixed``."""
+    if all(results):
+        return "less"
+    return "more" if not any(results) else "mixed"
+
+
+def _judge(latency: Sequence[bool | None], cpu: Sequence[bool | None]) -> str:
+    """The verdict's words: added latency and CPU per token, each less, more or mixed."""
+    if None in latency or None in cpu:
+        return "cannot be compared (figures missing) with"
+    return f"adds {_word(latency)} latency and {_word(cpu)} layer CPU per token than"
+
+
+def write_out(
+    out: Path, settings: Settings, levels: Sequence[Level], rates: Mapping[int, float], source: str
+) -> None:
+    """``overhead.json`` (settings, rates, every row, the verdict) and ``overhead.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    max_tokens = settings.workload.max_tokens
+    table_rows = rows(levels, max_tokens)
+    line = verdict(levels)
+    notes = warnings(levels, max_tokens)
+    doc = {
+        "workload": asdict(settings.workload),
+        "levels": list(settings.levels),
+        "duration_s": settings.duration_s,
+        "warmup_s": settings.warmup_s,
+        "burst": settings.burst,
+        "rates": {str(k): v for k, v in rates.items()},
+        "rate_source": source,
+        "cores": _cores(),
+        "rows": table_rows,
+        "verdict": line,
+        "warnings": notes,
+    }
+    (out / "overhead.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    md = [
+        f"# zl-bench overhead ({settings.workload.engine} engine)",
+        "",
+        _header(settings, rates, source),
+        "",
+        "Latency (ms from intended send; + is added over in-process):",
+        "",
+        markdown_table(table_rows, LATENCY_COLUMNS),
+        "",
+        "Tokens and CPU:",
+        "",
+        markdown_table(table_rows, COST_COLUMNS),
+    ]
+    md += [""] + [f"- {n}" for n in notes] if notes else []
+    md += ["", line] if line else []
+    (out / "overhead.md").write_text("\n".join(md) + "\n")
+
+
+def _header(settings: Settings, rates: Mapping[int, float], source: str) -> str:
+    w = settings.workload
+    return (
+        f"overhead: {w.engine} engine, {settings.duration_s:g} s per level, "
+        f"in-flight {list(settings.levels)}, rates: "
+        f"{f'{_rates_text(rates)} ({source})' if rates else source}, "
+        f"prompt {w.prompt_bytes} B, {w.max_tokens} output tokens, streamed"
+        + (", in bursts of the in-flight count" if settings.burst else "")
+    )
+
+
+def _workdir(out: Path | None) -> contextlib.AbstractContextManager[str]:
+    """Where records and stack logs go: kept under ``out/work`` when there is an ``out``."""
+    if out is None:
+        return tempfile.TemporaryDirectory(prefix="zl-overhead-")
+    (out / "work").mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(str(out / "work"))
+
+
+async def main_async(settings: Settings, chosen: Sequence[tuple[str, TargetFactory]]) -> None:
+    rates = fixed_rates(settings)
+    source = _fixed_source(settings) if rates else "measured in-process first"
+    print(_header(settings, rates or {}, source), flush=True)
+    with _workdir(settings.out) as work:
+        levels, rates, source = await measure(settings, chosen, Path(work))
+    if levels:
+        max_tokens = settings.workload.max_tokens
+        print()
+        print(table(levels, max_tokens))
+        for line in [*warnings(levels, max_tokens), verdict(levels)]:
+            if line:
+                print(line)
+    if settings.out is not None:
+        write_out(settings.out, settings, levels, rates, source)
+        print(f"wrote {settings.out / 'overhead.json'} and overhead.md", flush=True)
+    if settings.rss_streams:
+        rss = await replica_rss(settings.rss_streams, settings.rss_max_tokens, hold_s=1.0)
+        print()
+        print(
+            f"replica RSS (sim engine): idle {rss['rss_idle_mb']:.1f} MB; with "
+            f"{rss['streams_open']} open streams {rss['rss_open_mb']:.1f} MB "
+            f"({rss['rss_held_mb']:.1f} MB after 1 s held); refused {rss['streams_refused']}"
+        )
 
 
 def _plugin(spec: str) -> tuple[str, TargetFactory]:
@@ -286,38 +854,63 @@ def _plugin(spec: str) -> tuple[str, TargetFactory]:
         raise UsageError(f"--target {spec!r}: {exc}") from exc
 
 
-def targets(args: argparse.Namespace) -> list[tuple[str, TargetFactory]]:
-    """The built-in targets named by ``--targets`` and the plug-ins of ``--target``."""
-    names = [n for n in args.targets.split(",") if n]
+def targets(settings: Settings, plugins: Sequence[str] = ()) -> list[tuple[str, TargetFactory]]:
+    """The built-in targets ``settings`` names and the plug-ins of ``--target``."""
+    names = [n for n in settings.targets.split(",") if n]
     unknown = [n for n in names if n not in BUILTIN]
     if unknown:
         raise UsageError(f"unknown targets {unknown}; built in: {', '.join(BUILTIN)}")
-    return [(n, BUILTIN[n]) for n in names] + [_plugin(spec) for spec in args.target]
+    if settings.workload.engine != "vllm" and VLLM_ONLY.intersection(names):
+        raise UsageError(f"target {PEER} is vLLM's own server: it needs --engine vllm")
+    return [(n, BUILTIN[n]) for n in names] + [_plugin(spec) for spec in plugins]
 
 
-async def main_async(args: argparse.Namespace, chosen: Sequence[tuple[str, TargetFactory]]) -> None:
-    rates = [args.rate or DEFAULT_RATES.get(lv, 10.0 * lv) for lv in args.levels]
-    print(
-        f"overhead: {args.duration:g} s per level, in-flight {args.levels}, rates {rates} req/s, "
-        f"prompt {args.prompt_bytes} B, {args.max_tokens} output tokens",
-        flush=True,
-    )
-    levels: list[Level] = []
-    with tempfile.TemporaryDirectory(prefix="zl-overhead-") as tmp:
-        for name, factory in chosen:
-            print(f"  running {name} ...", flush=True)
-            levels += await run_target(name, factory, args, Path(tmp))
-    if levels:
-        print()
-        print(table(levels))
-    if args.rss_streams:
-        rss = await replica_rss(args.rss_streams, args.rss_max_tokens, hold_s=1.0)
-        print()
-        print(
-            f"replica RSS (sim engine): idle {rss['rss_idle_mb']:.1f} MB; with "
-            f"{rss['streams_open']} open streams {rss['rss_open_mb']:.1f} MB "
-            f"({rss['rss_held_mb']:.1f} MB after 1 s held); refused {rss['streams_refused']}"
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--engine-option``s, checked against the engine's config."""
+    options = dict(args.engine_options)
+    if args.engine == "null":
+        if options:
+            raise UsageError(f"the null engine takes no options, got {', '.join(options)}")
+        return options
+    if importlib.util.find_spec(args.engine) is None:
+        raise UsageError(f"--engine {args.engine} needs vLLM installed (see nox -s vllm)")
+    if not options.get("model"):
+        raise UsageError(
+            f"--engine {args.engine} needs --engine-option model=DIR (see zl-bench tiny-model)"
         )
+    if not Path(options["model"]).is_dir():
+        raise UsageError(f"--engine-option model={options['model']}: not a directory")
+    try:
+        return validate_engine_options(args.engine, options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def resolve(args: argparse.Namespace) -> Settings:
+    """The run's settings: what the command line gave, the engine's defaults for the rest."""
+    d = DEFAULTS[args.engine]
+
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    workload = Workload(
+        given(args.prompt_bytes, d.prompt_bytes),
+        given(args.max_tokens, d.max_tokens),
+        args.engine,
+        engine_options(args),
+    )
+    return Settings(
+        workload=workload,
+        targets=given(args.targets, d.targets),
+        levels=tuple(given(args.levels, d.levels)),
+        rate=args.rate,
+        duration_s=given(args.duration, d.duration_s),
+        warmup_s=given(args.warmup, d.warmup_s),
+        burst=given(args.burst, d.burst),
+        rss_streams=given(args.rss_streams, d.rss_streams),
+        rss_max_tokens=args.rss_max_tokens,
+        out=args.out,
+    )
 
 
 def _levels(text: str) -> list[int]:
@@ -349,30 +942,64 @@ _positive = _number(float, 1e-9)
 _count = _number(int, 1)
 
 
+def _default_help(what: Callable[[Defaults], Any]) -> str:
+    return "default: " + "; ".join(f"{what(d)} ({e})" for e, d in DEFAULTS.items())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``zl-bench overhead``'s options."""
-    parser.add_argument("--duration", type=_positive, default=20.0, help="seconds per level")
-    parser.add_argument("--warmup", type=_positive, default=1.0, help="warm-up seconds per level")
-    parser.add_argument("--levels", type=_levels, default=[1, 64], help="in-flight levels")
+    """``zl-bench overhead``'s options; those left unset take the engine's defaults."""
+    parser.add_argument("--engine", choices=ENGINES, default="null", help="engine behind all")
+    add_engine_option(parser)
+    parser.add_argument(
+        "--duration",
+        type=_positive,
+        help="seconds per level; " + _default_help(lambda d: d.duration_s),
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_positive,
+        help="warm-up seconds per level; " + _default_help(lambda d: d.warmup_s),
+    )
+    parser.add_argument(
+        "--levels",
+        type=_levels,
+        help="in-flight levels; " + _default_help(lambda d: ",".join(map(str, d.levels))),
+    )
     parser.add_argument(
         "--rate",
         type=_number(float, 0.0),
         default=0.0,
-        help="req/s for every level (0: 200 at 1, 500 at 64)",
+        help="req/s for every level (0: 200 at 1, 500 at 64 for null; for vllm a quarter of "
+        "the in-process throughput measured at each level)",
     )
     parser.add_argument(
-        "--burst", action="store_true", help="send each level's requests in-flight at a time"
+        "--burst",
+        action=argparse.BooleanOptionalAction,
+        help="send each level's requests in-flight at a time (so 16 in flight are 16 open "
+        "streams, not a rate); " + _default_help(lambda d: d.burst),
     )
     parser.add_argument(
-        "--targets", default="inproc,zerolayer", help=f"built in: {','.join(BUILTIN)}"
+        "--targets",
+        help=f"built in: {','.join(BUILTIN)}; " + _default_help(lambda d: d.targets),
     )
     parser.add_argument(
         "--target", action="append", default=[], help="plug-in NAME=module:function, repeatable"
     )
-    parser.add_argument("--prompt-bytes", type=_count, default=1024, help="prompt size")
-    parser.add_argument("--max-tokens", type=_count, default=128, help="output tokens")
     parser.add_argument(
-        "--rss-streams", type=_number(int, 0), default=1000, help="0 skips the RSS check"
+        "--prompt-bytes",
+        type=_count,
+        help="prompt size; " + _default_help(lambda d: d.prompt_bytes),
+    )
+    parser.add_argument(
+        "--max-tokens", type=_count, help="output tokens; " + _default_help(lambda d: d.max_tokens)
+    )
+    parser.add_argument(
+        "--out", type=Path, help="write overhead.json, overhead.md and work/ (records, logs) here"
+    )
+    parser.add_argument(
+        "--rss-streams",
+        type=_number(int, 0),
+        help="0 skips the RSS check; " + _default_help(lambda d: d.rss_streams),
     )
     parser.add_argument(
         "--rss-max-tokens",
@@ -383,7 +1010,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its table; mistakes in the arguments are UsageErrors."""
-    chosen = targets(args)
-    uvloop.run(main_async(args, chosen))
+    """Run the benchmark and print its tables; mistakes in the arguments are UsageErrors."""
+    settings = resolve(args)
+    chosen = targets(settings, args.target)
+    uvloop.run(main_async(settings, chosen))
     return 0

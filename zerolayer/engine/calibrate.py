@@ -11,6 +11,10 @@ kv_bytes_per_token, decode_step_graph_ms, prefill_graph_ms}``); an existing file
 keeps its other models, so one file can hold several. Then ``SimConfig(profile_path=P,
 model_shape=name)`` runs the sim on this machine's timings.
 
+With ``--engine vllm --engine-option model=DIR`` the real vLLM's steps are timed through its own
+engine instead (``zerolayer.engine.calibrate_vllm`` says how), on a small grid sized for the tiny
+model on two cores, and its real limits (KV blocks, block size, batch limits) go into the file.
+
 This module has no program of its own: ``zl-bench calibrate`` calls :func:`add_arguments` and
 :func:`run_command`, which raises ValueError for bad input.
 """
@@ -18,6 +22,7 @@ This module has no program of its own: ``zl-bench calibrate`` calls :func:`add_a
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -71,6 +76,20 @@ class Grid:
             raise ValueError(
                 f"need repeats >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}"
             )
+
+
+# Grids sized for each engine: the torch engine's shapes, and the tiny model under the CPU vLLM
+# (the contexts and prompt lengths profiles A and C reach on it; about a minute on two cores).
+DEFAULT_GRIDS = {
+    "torch": Grid(),
+    "vllm": Grid(
+        batches=(1, 4, 16),
+        contexts=(128, 1024, 3072),
+        prefill_lengths=(128, 1024, 3072),
+        repeats=3,
+        warmup=1,
+    ),
+}
 
 
 def _time_ms(step: Callable[[], object], warmup: int, repeats: int) -> float:
@@ -175,25 +194,35 @@ def write_profile(path: Path, name: str, entry: dict[str, Any], meta: dict[str, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench calibrate``'s arguments; engine settings are ``--engine-option`` as everywhere."""
-    grid = Grid()
-    parser.add_argument("--engine", choices=["torch"], default="torch", help="engine to time")
-    add_engine_option(parser)
-    parser.add_argument("--name", help="model name in the profile; unset: the model shape")
-    parser.add_argument("--batches", type=_ints, default=grid.batches, help="decode batch sizes")
-    parser.add_argument("--contexts", type=_ints, default=grid.contexts, help="decode contexts")
     parser.add_argument(
-        "--prefill", type=_ints, default=grid.prefill_lengths, help="prefill lengths (3 or more)"
+        "--engine", choices=sorted(DEFAULT_GRIDS), default="torch", help="engine to time"
     )
-    parser.add_argument("--repeats", type=int, default=grid.repeats, help="timed runs per point")
-    parser.add_argument("--warmup", type=int, default=grid.warmup, help="untimed runs per point")
+    add_engine_option(parser)
+    parser.add_argument(
+        "--name", help="model name in the profile; unset: the model shape (vllm: vllm-DIRNAME)"
+    )
+    parser.add_argument("--batches", type=_ints, help="decode batch sizes (unset: the engine's)")
+    parser.add_argument("--contexts", type=_ints, help="decode contexts (unset: the engine's)")
+    parser.add_argument("--prefill", type=_ints, help="prefill lengths, 3 or more (unset: ditto)")
+    parser.add_argument("--repeats", type=int, help="timed runs per point (unset: the engine's)")
+    parser.add_argument("--warmup", type=int, help="untimed runs per point (unset: the engine's)")
     parser.add_argument("--out", required=True, type=Path, help="profile file to write or add to")
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Calibrate and write the profile; ValueError for bad input (options, grid, output path)."""
-    options = validate_engine_options(args.engine, dict(args.engine_options))
-    grid = Grid(args.batches, args.contexts, args.prefill, args.repeats, args.warmup)
-    out: Path = args.out
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    """The grid asked for, each unset part taken from the engine's default grid."""
+    base = DEFAULT_GRIDS[args.engine]
+    return Grid(
+        args.batches or base.batches,
+        args.contexts or base.contexts,
+        args.prefill or base.prefill_lengths,
+        base.repeats if args.repeats is None else args.repeats,
+        base.warmup if args.warmup is None else args.warmup,
+    )
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output path that cannot take a profile (a directory, a file that is not JSON)."""
     if out.is_dir():
         raise ValueError(f"--out {out} is a directory; give a profile file name")
     if out.exists():
@@ -201,12 +230,47 @@ def run_command(args: argparse.Namespace) -> int:
             json.loads(out.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"--out {out} is not a profile to add to: {exc}") from None
-    from zerolayer.engine.torch_engine.engine import TorchEngineConfig
 
-    config = TorchEngineConfig(**options)
-    entry, meta = calibrate_torch(config, grid)
-    name = args.name or config.model_shape
+
+def run_command(args: argparse.Namespace) -> int:
+    """Calibrate and write the profile; ValueError for bad input (options, grid, output path)."""
+    options = validate_engine_options(args.engine, dict(args.engine_options))
+    grid = grid_from_args(args)
+    out: Path = args.out
+    check_out(out)
+    if args.engine == "vllm":
+        name, entry, meta = _calibrate_vllm(options, grid, args.name)
+    else:
+        from zerolayer.engine.torch_engine.engine import TorchEngineConfig
+
+        config = TorchEngineConfig(**options)
+        entry, meta = calibrate_torch(config, grid)
+        name = args.name or config.model_shape
     write_profile(out, name, entry, meta)
     points = len(entry["decode_step_graph_ms"]) + len(entry["prefill_graph_ms"])
     print(f"wrote {name} ({points} points) to {out}")
     return 0
+
+
+def vllm_profile_name(model: str) -> str:
+    """The default model name of a vLLM calibration: ``vllm-`` and the model directory's name."""
+    return f"vllm-{Path(model).name}"
+
+
+def _calibrate_vllm(
+    options: dict[str, Any], grid: Grid, name: str | None
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Calibrate the real vLLM; ValueError when there is no model directory or no vLLM."""
+    from zerolayer.engine.calibrate_vllm import calibrate_vllm
+    from zerolayer.engine.vllm_engine import VllmEngineConfig
+
+    config = VllmEngineConfig(**options)
+    if not config.model or not Path(config.model).is_dir():
+        raise ValueError(
+            f"--engine vllm needs --engine-option model=DIR, a model directory "
+            f"(zl-bench tiny-model writes one); got {config.model!r}"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("vllm is not installed (the CPU build installs with: nox -s vllm)")
+    entry, meta = calibrate_vllm(config, grid)
+    return name or vllm_profile_name(config.model), entry, meta
