@@ -452,19 +452,25 @@ def _execute(config: RunConfig, profiles: Sequence[Profile], run: RunDir) -> Non
 
 
 @contextlib.contextmanager
-def _sigterm_as_sigint(seen: list[int]) -> Iterator[None]:
-    """SIGTERM stops the run as Ctrl-C does (the default would leave its stacks running): it is
-    noted in ``seen`` and turned into SIGINT, which asyncio's runner and the loaders handle."""
+def _stop_signals(seen: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM both stop the run cleanly: its stacks are stopped and what it measured
+    is kept. SIGINT gets Python's own handler even where it was inherited ignored (a shell starts
+    background jobs so); SIGTERM (whose default would leave the stacks running) is noted in
+    ``seen`` and turned into SIGINT, which asyncio's runner and the loaders handle."""
 
-    def handler(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         seen.append(signum)
         signal.raise_signal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(config: RunConfig) -> int:
@@ -490,7 +496,7 @@ def run(config: RunConfig) -> int:
     status = 0
     terminated: list[int] = []
     try:
-        with _sigterm_as_sigint(terminated):
+        with _stop_signals(terminated):
             _execute(config, profiles, run)
         run.finish(RunEnd.COMPLETE)
     except KeyboardInterrupt:
