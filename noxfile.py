@@ -1,6 +1,6 @@
-"""Sessions: ``bench`` (the main job), ``tests`` (what CI runs), ``lint`` (ruff, import
-contracts, mypy), ``vllm`` (the tests against the real CPU vLLM), ``chaos``, ``benchmarks``
-(pytest-benchmark), ``overhead`` and ``fidelity``."""
+"""Sessions: ``bench`` (the main job), ``sweep`` (load curves), ``tests`` (what CI runs),
+``lint`` (ruff, import contracts, mypy), ``vllm`` (the tests against the real CPU vLLM),
+``chaos``, ``benchmarks`` (pytest-benchmark), ``overhead`` and ``fidelity``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def bench(session: nox.Session) -> None:
     """
     session.install("-e", ".")
     session.run("zl-bench", "run", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def sweep(session: nox.Session) -> None:
+    """One profile at a series of offered rates on both stacks: load curves, max goodput under
+    the profile's SLOs, the knee. Arguments after ``--`` go to ``zl-bench sweep``."""
+    session.install("-e", ".")
+    session.run("zl-bench", "sweep", *session.posargs)
 
 
 def _install_dev(session: nox.Session) -> None:

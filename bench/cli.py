@@ -37,11 +37,17 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         "run", "bench.run", "stand up the stacks, run the profiles, write a results directory"
     ),
+    Subcommand(
+        "sweep",
+        "bench.sweep",
+        "run one profile at a series of offered rates: load curves, max goodput, knee",
+    ),
     Subcommand("report", "bench.report.html", "re-render plots and report.html for a run"),
     Subcommand(
         "compare",
         "bench.report.compare",
-        "compare two runs with bootstrap CIs; exit 0 no regression, 1 regression, 2 incomparable",
+        "compare two runs (bootstrap CIs) or two sweeps (point by point and headline figures "
+        "with intervals); exit 0 no regression, 1 regression, 2 incomparable",
     ),
     Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
     Subcommand("overhead", "bench.overhead", "measure the serving layer's own overhead"),

@@ -30,10 +30,10 @@ import psutil
 from harness import schema
 from harness.capacity import Capacity, preflight
 from harness.errors import UsageError
-from harness.loaders import LOADERS, LoadResult, needs_tls
-from harness.metrics import summarize
+from harness.loaders import LOADERS, LoadResult, ProgressStyle, loader_with, needs_tls
+from harness.metrics import Slo, goodput, override_slos, parse_slo_option, summarize
 from harness.profile import PROFILES, SCALES, Profile, load_profile, resolve_name
-from harness.schema import RunEnd, RunMeta, SummaryRow
+from harness.schema import RunEnd, RunMeta, SummaryRow, SweepSection
 from harness.stacks import (
     ALL_STACKS,
     BASELINE_ROUTERS,
@@ -49,12 +49,14 @@ from harness.telemetry import (
     Component,
     EngineSource,
     EngineTarget,
+    HostCpu,
     NvmlSource,
     PhaseLog,
     ProcessSource,
     Sampler,
+    measure_host_cpu,
 )
-from harness.workload import build_schedule
+from harness.workload import Schedule, build_schedule
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
 
@@ -84,6 +86,8 @@ class RunConfig:
     ray_address: str | None = None
     baseline_router: str = "default"
     telemetry_interval_s: float = 0.25
+    slos: tuple[Slo, ...] = ()
+    quiet: bool = False
 
     def spec(self, name: StackName) -> StackSpec:
         """The stack to stand up for ``name``: external when URLs were given for it."""
@@ -102,7 +106,7 @@ class RunConfig:
         )
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"[zl-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -145,13 +149,14 @@ def _machine() -> dict[str, Any]:
 
 class RunDir:
     """The results directory: run.json rewritten at every change of state, summary.json after
-    every row."""
+    every row and every sweep point."""
 
-    def __init__(self, config: RunConfig) -> None:
-        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{config.scale}"
+    def __init__(self, config: RunConfig, kind: str = "") -> None:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{config.scale}" + (f"-{kind}" if kind else "")
         self.path = Path(config.out) / run_id
         self.path.mkdir(parents=True, exist_ok=False)
         self.summary: list[SummaryRow] = []
+        self.sweep: SweepSection | None = None
         self.meta = RunMeta(
             run_id=run_id,
             scale=config.scale,
@@ -171,8 +176,12 @@ class RunDir:
     def add_summary(self, row: SummaryRow) -> None:
         self.summary.append(row)
         self.meta.validity[f"{row.stack}/{row.profile}"] = row.validity
-        schema.write_summary(self.path, self.summary)
+        schema.write_summary(self.path, self.summary, self.sweep)
         self.save()
+
+    def save_sweep(self) -> None:
+        """summary.json with the sweep section as it stands (after every point)."""
+        schema.write_summary(self.path, self.summary, self.sweep)
 
     def finish(self, end: RunEnd, detail: str = "") -> None:
         self.meta.end, self.meta.end_detail = end, detail
@@ -229,7 +238,7 @@ class Telemetry:
 
 
 @contextlib.contextmanager
-def _loader_priority(run: RunDir) -> Iterator[None]:
+def _loader_priority() -> Iterator[None]:
     """Run the loader thread at a higher CPU priority than the stack it drives.
 
     The loader shares the cores with the stack under test; a load generator that the stack can
@@ -240,24 +249,57 @@ def _loader_priority(run: RunDir) -> Iterator[None]:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, LOADER_NICE)
     except PermissionError:
-        run.meta.loader_nice = 0
         yield
         return
-    run.meta.loader_nice = LOADER_NICE
     try:
         yield
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
-def summary_row(result: LoadResult) -> SummaryRow:
-    """A loader's result as its summary.json row, with what went on the wire and its extras."""
-    row = SummaryRow.from_dict({**result.summary, "stack": result.stack, "profile": result.profile})
+def loader_nice() -> int:
+    """The niceness the loader will run at: LOADER_NICE where this process may raise its
+    priority, else 0 (the run goes on at normal priority and records so)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, LOADER_NICE)
+    except PermissionError:
+        return 0
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+    return LOADER_NICE
+
+
+def summary_row(result: LoadResult, profile: Profile, offered: float, host: HostCpu) -> SummaryRow:
+    """A loader's result as its summary.json row: what went on the wire and its extras, the
+    profile's SLOs (goodput, ``slo_met``), the rate its schedule was built for (``offered``: the
+    same for every stack and repeat at a sweep point) and the host's CPU."""
+    fields = goodput(result.records, result.summary["duration"], result.summary, profile.slos)
+    row = SummaryRow.from_dict(
+        {**result.summary, **fields, "stack": result.stack, "profile": result.profile}
+    )
     row.loader = result.loader
     row.loader_protocol = result.protocol
     row.ttft_is_first_byte = result.ttft_is_first_byte
     row.loader_extra = dict(result.extra)
+    row.offered_rate = offered
+    for key, value in host.row_fields().items():
+        setattr(row, key, value)
     return row
+
+
+def drive(
+    loader: str,
+    quiet: bool,
+    schedule: Schedule,
+    stack: Stack,
+    profile: Profile,
+    records: Path,
+    workdir: Path,
+) -> SummaryRow:
+    """One schedule through the loader at raised priority, measuring the host's CPU around it."""
+    with measure_host_cpu() as host, _loader_priority():
+        chosen = loader_with(loader, progress=ProgressStyle.QUIET if quiet else ProgressStyle.AUTO)
+        result = chosen.run(schedule, stack, profile, records, workdir)
+    return summary_row(result, profile, profile.rate, host[0])
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -268,7 +310,7 @@ def _run_load_profile(
     profile: Profile, stack: Stack, config: RunConfig, run: RunDir, tele: Telemetry
 ) -> SummaryRow:
     """One non-fault profile on one stack through the configured loader."""
-    _say(
+    say(
         f"{stack.name} / {profile.name}: {profile.rate:g} req/s for {profile.duration_s:g} s "
         f"({config.loader} loader)"
     )
@@ -277,18 +319,31 @@ def _run_load_profile(
     schedule = build_schedule(profile)
     tele.phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
     try:
-        with _loader_priority(run):
-            result = LOADERS[config.loader].run(schedule, stack, profile, records, workdir)
+        row = drive(config.loader, config.quiet, schedule, stack, profile, records, workdir)
     finally:
         tele.phases.end()
-    row = summary_row(result)
     run.add_summary(row)
-    _say(
-        f"{stack.name} / {profile.name}: {row.completed} completed, {row.errors} errors, "
-        f"{row.lost} lost, E2EL p50 {_fmt_ms(row.stat('median_e2el_ms'))} ms"
-        + ("" if row.valid else f" INVALID: {row.invalid_reasons}")
-    )
+    say(f"{stack.name} / {profile.name}: {row_outcome(row)}")
     return row
+
+
+def row_outcome(row: SummaryRow) -> str:
+    """One line on what a row measured, and what makes it doubtful."""
+    text = (
+        f"{row.completed} completed, {row.errors} errors, {row.lost} lost, E2EL p50 "
+        f"{_fmt_ms(row.stat('median_e2el_ms'))} ms, goodput {row.request_goodput:.2f} req/s"
+    )
+    if row.slo_met is not None:
+        text += ", within SLOs" if row.slo_met else ", SLOs missed"
+    if row.host_cpu_pct is not None:
+        text += f", host CPU {row.host_cpu_pct:.0f} %"
+    if row.host_saturated:
+        text += " (HOST SATURATED)"
+    if row.saturated:
+        text += f" SATURATED: {'; '.join(row.saturation_reasons)}"
+    if not row.valid:
+        text += f" INVALID: {'; '.join(row.invalid_reasons)}"
+    return text
 
 
 def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Telemetry) -> None:
@@ -297,15 +352,15 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     from chaos.runner import run_profile_d, table
 
     if stack.external:
-        _say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
+        say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
         return
     if stack.name.value not in STACKS:
-        _say(
+        say(
             f"{stack.name} / {profile.name}: skipped, faults are defined for the zero-layer and "
             "baseline stacks"
         )
         return
-    _say(f"{stack.name} / {profile.name}: chaos experiments under profile A's load")
+    say(f"{stack.name} / {profile.name}: chaos experiments under profile A's load")
     rows = run_profile_d(stack, profile, run.path, tele.phases)
     print(table(rows), flush=True)
     append_recovery(run.path, list(rows))
@@ -318,7 +373,7 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     )
     row.loader_protocol = "h2" if stack.protocol == "h2" else "http/1.1"
     run.add_summary(row)
-    _say(
+    say(
         f"{stack.name} / {profile.name}: {len(rows)} experiments, {row.lost} lost, "
         f"{row.errors} errors"
     )
@@ -336,7 +391,7 @@ async def _warm_requests(stack: Stack, count: int) -> list[bool]:
     return [not isinstance(d, BaseException) and d.timing.status == 200 for d in done]
 
 
-def _warm(stack: Stack) -> None:
+def warm(stack: Stack) -> None:
     """A few short requests before any profile (two per engine replica, spread by session), so
     that no stack's lazy start-up (first connections, an engine's first steps) is measured as
     its latency. Bounded; a stack that cannot answer them is reported, and the run goes on."""
@@ -345,11 +400,11 @@ def _warm(stack: Stack) -> None:
     try:
         ok = asyncio.run(asyncio.wait_for(_warm_requests(stack, count), WARM_TIMEOUT_S))
     except TimeoutError:
-        _say(f"{stack.name}: warm-up requests unanswered after {WARM_TIMEOUT_S:g} s")
+        say(f"{stack.name}: warm-up requests unanswered after {WARM_TIMEOUT_S:g} s")
         return
     failed = f", {ok.count(False)} failed" if not all(ok) else ""
     took = time.monotonic() - started
-    _say(f"{stack.name}: warmed up with {count} requests in {took:.1f} s{failed}")
+    say(f"{stack.name}: warmed up with {count} requests in {took:.1f} s{failed}")
 
 
 def _run_stack(
@@ -357,7 +412,7 @@ def _run_stack(
 ) -> None:
     """Stand one stack up, run every profile on it (profile D last), tear it down."""
     spec = config.spec(name)
-    _say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
+    say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
     with stand_up(spec, run.path / f"stack-{name}") as stack:
         run.meta.stacks[name.value] = {
             **stack.metadata,
@@ -366,7 +421,7 @@ def _run_stack(
         }
         run.save()
         if not stack.external:
-            _warm(stack)
+            warm(stack)
         tele.watch(stack)
         try:
             for profile in profiles:
@@ -376,7 +431,7 @@ def _run_stack(
                 if profile.fault is not None:
                     _run_fault_profile(profile, stack, run, tele)
         finally:
-            _say(f"tearing down {name}")
+            say(f"tearing down {name}")
             run.meta.stacks[name.value]["engines_at_teardown"] = tele.last_reads(stack)
             run.save()
             tele.unwatch(stack)
@@ -385,7 +440,8 @@ def _run_stack(
 def _summary_table(rows: Sequence[SummaryRow]) -> str:
     head = (
         f"{'stack':<10} {'profile':<20} {'done':>6} {'err':>5} {'lost':>5} "
-        f"{'TTFT p50':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'E2EL std':>9} {'req/s':>7} valid"
+        f"{'TTFT p50':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'E2EL std':>9} {'req/s':>7} "
+        f"{'good/s':>7} {'host%':>5} valid"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -394,15 +450,32 @@ def _summary_table(rows: Sequence[SummaryRow]) -> str:
         cells = " ".join(f"{_fmt_ms(v):>9}" for v in stats)
         lines.append(
             f"{r.stack:<10} {r.profile:<20} {r.completed:>6} {r.errors:>5} {r.lost:>5} "
-            f"{ttft:>9} {cells} {r.request_throughput:>7.2f} "
+            f"{ttft:>9} {cells} {r.request_throughput:>7.2f} {r.request_goodput:>7.2f} "
+            f"{_fmt_pct(r.host_cpu_pct):>5} "
             f"{'yes' if r.valid else 'NO: ' + '; '.join(r.invalid_reasons)}"
         )
     if any(r.ttft_is_first_byte for r in rows):
         lines.append("* time to first byte: this loader cannot see tokens as they stream")
+    lines.extend(_host_note(rows))
     return "\n".join(lines)
 
 
-def _check_external(config: RunConfig) -> None:
+def _fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
+    """The warning under a table where the host's cores were all near full in some phase."""
+    busy = [f"{r.stack}/{r.profile}" for r in rows if r.host_saturated]
+    if not busy:
+        return []
+    return [
+        f"host CPU saturated during {', '.join(busy)}: these latencies measure the stacks' "
+        "processes and the loader fighting for the cores, not the stacks' design"
+    ]
+
+
+def check_external(config: RunConfig) -> None:
     """Every stack's spec must be one it can serve (vllm-serve needs the vllm engine) and every
     external stack must answer, before anything is started or any load is sent."""
     for name in config.stacks:
@@ -419,7 +492,7 @@ def _check_external(config: RunConfig) -> None:
             raise UsageError(str(exc)) from exc
 
 
-def _preflight(profiles: Sequence[Profile], config: RunConfig) -> dict[str, Capacity]:
+def capacity_preflight(profiles: Sequence[Profile], config: RunConfig) -> dict[str, Capacity]:
     """The capacity preflight per profile; external stacks' capacity is unknown."""
     external = bool(config.zerolayer_urls or config.baseline_url)
     return {
@@ -428,16 +501,16 @@ def _preflight(profiles: Sequence[Profile], config: RunConfig) -> dict[str, Capa
     }
 
 
-def _render(run: RunDir) -> None:
+def render(run: RunDir) -> None:
     from bench.report import html
 
-    _say("rendering report")
+    say("rendering report")
     report = html.render(run.path)
     if run.summary:
         print(_summary_table(run.summary), flush=True)
         for name, label in run.meta.stack_labels().items():
             print(f"{name}: {label}", flush=True)
-    _say(f"report: {report}")
+    say(f"report: {report}")
 
 
 def _execute(config: RunConfig, profiles: Sequence[Profile], run: RunDir) -> None:
@@ -452,7 +525,7 @@ def _execute(config: RunConfig, profiles: Sequence[Profile], run: RunDir) -> Non
 
 
 @contextlib.contextmanager
-def _stop_signals(seen: list[int]) -> Iterator[None]:
+def stop_signals(seen: list[int]) -> Iterator[None]:
     """SIGINT and SIGTERM both stop the run cleanly: its stacks are stopped and what it measured
     is kept. SIGINT gets Python's own handler even where it was inherited ignored (a shell starts
     background jobs so); SIGTERM (whose default would leave the stacks running) is noted in
@@ -473,20 +546,28 @@ def _stop_signals(seen: list[int]) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def load_profiles(config: RunConfig) -> list[Profile]:
+    """The profiles asked for, at the run's scale and seed, with the command line's SLOs over
+    each profile's own."""
+    try:
+        profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return [p.with_slos(override_slos(p.slos, config.slos)) for p in profiles]
+
+
 def run(config: RunConfig) -> int:
     """Run the bench; returns the exit status (130 when interrupted).
 
     Everything a user can get wrong (profiles, engine options, unreachable URLs) is checked
     before the results directory is made. A crash is recorded in run.json and re-raised.
     """
-    try:
-        profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    _check_external(config)
-    capacities = _preflight(profiles, config)
+    profiles = load_profiles(config)
+    check_external(config)
+    capacities = capacity_preflight(profiles, config)
     run = RunDir(config)
-    _say(f"run {run.meta.run_id} -> {run.path}")
+    run.meta.loader_nice = loader_nice()
+    say(f"run {run.meta.run_id} -> {run.path}")
     for profile in profiles:
         run.meta.profiles[profile.name] = {
             **profile.as_dict(),
@@ -496,7 +577,7 @@ def run(config: RunConfig) -> int:
     status = 0
     terminated: list[int] = []
     try:
-        with _stop_signals(terminated):
+        with stop_signals(terminated):
             _execute(config, profiles, run)
         run.finish(RunEnd.COMPLETE)
     except KeyboardInterrupt:
@@ -504,14 +585,14 @@ def run(config: RunConfig) -> int:
             (RunEnd.SIGTERM, EXIT_TERMINATED) if terminated else (RunEnd.SIGINT, EXIT_INTERRUPTED)
         )
         detail = f"{'stopped' if terminated else 'interrupted'} by {end.value.upper()}"
-        _say(f"{detail}: keeping what was measured")
+        say(f"{detail}: keeping what was measured")
         run.finish(end, detail)
     except BaseException as exc:
         run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
-            _render(run)
+            render(run)
         raise
-    _render(run)
+    render(run)
     return status
 
 
@@ -571,15 +652,16 @@ def _urls(text: str) -> tuple[str, ...]:
     return tuple(check_url(item) for item in _csv(text))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``zl-bench run``'s arguments."""
+def _slo(text: str) -> Slo:
+    try:
+        return parse_slo_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """What stands the stacks up and drives them: shared by ``run`` and ``sweep``."""
     parser.add_argument("--scale", choices=SCALES, default="laptop", help="load scale")
-    parser.add_argument(
-        "--profiles",
-        type=_profiles,
-        default=",".join(PROFILES),
-        help=f"comma-separated, from {', '.join(PROFILES)} (or a,b,c,d)",
-    )
     parser.add_argument(
         "--stacks",
         type=_stacks,
@@ -593,6 +675,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader", choices=tuple(LOADERS), default="native", help="load tool")
     parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
     parser.add_argument("--seed", type=int, help="override every profile's seed")
+    parser.add_argument(
+        "--slo",
+        type=_slo,
+        action="append",
+        default=[],
+        metavar="NAME:MS",
+        help="an SLO over the profile's own for that series, as vLLM's --goodput spells it: "
+        "ttft:500, tpot:50, e2el:2000 (p99), or ttft_p90:300 for another percentile; repeatable",
+    )
     parser.add_argument(
         "--zerolayer-urls",
         type=_urls,
@@ -609,17 +700,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help="Ray Serve LLM's request router (the baseline with --engine vllm)",
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines (CI logs)")
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Build the RunConfig from the command line (validating engine options) and run it."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench run``'s arguments."""
+    parser.add_argument(
+        "--profiles",
+        type=_profiles,
+        default=",".join(PROFILES),
+        help=f"comma-separated, from {', '.join(PROFILES)} (or a,b,c,d)",
+    )
+    add_stack_arguments(parser)
+
+
+def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfig:
+    """The RunConfig of a command line (``run`` or ``sweep``), engine options validated."""
     try:
         options = validate_engine_options(args.engine, dict(args.engine_options))
     except ValueError as exc:
         raise UsageError(f"--engine-option: {exc}") from exc
-    config = RunConfig(
+    return RunConfig(
         scale=args.scale,
-        profiles=tuple(args.profiles),
+        profiles=profiles,
         stacks=tuple(args.stacks),
         engine=args.engine,
         engine_options=options,
@@ -631,5 +734,11 @@ def run_command(args: argparse.Namespace) -> int:
         baseline_url=args.baseline_url or "",
         ray_address=args.ray_address,
         baseline_router=args.baseline_router,
+        slos=tuple(args.slo),
+        quiet=args.quiet,
     )
-    return run(config)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Build the RunConfig from the command line and run it."""
+    return run(config_from(args, tuple(args.profiles)))

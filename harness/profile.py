@@ -1,20 +1,23 @@
 """Load profiles: one TOML file each in ``harness/profiles/``, at three scales.
 
 The scales are ``smoke``, ``laptop`` and ``seed``. A profile fixes the request shapes (classes
-with prompt size and output length), the arrival process and, per scale, the rate, duration and
-connection count. Both stacks run the same
-profile, so everything that defines a run's load lives here and is validated strictly: an unknown
-key is an error, not a silently ignored typo.
+with prompt size and output length), the arrival process, its SLOs (``[slo]``: a bound on a
+percentile, e.g. ``ttft_p99_ms = 500``; a scale may override them) and, per scale, the rate,
+duration, connection count and a sweep's budget (``sweep_duration_s`` per point, and
+``sweep_repeats`` per rate).
+Both stacks run the same profile, so everything that defines a run's load lives here and is
+validated strictly: an unknown key is an error, not a silently ignored typo.
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from harness.metrics import Slo, parse_slo
 from zerolayer.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
 from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
@@ -35,6 +38,7 @@ _TOP_KEYS = {
     "scales",
     "fault",
     "chaos",
+    "slo",
 }
 _CLASS_KEYS = {
     "name",
@@ -54,7 +58,12 @@ _SCALE_KEYS = {
     "fault",
     "seed",
     "chaos",
+    "slo",
+    "sweep_duration_s",
+    "sweep_repeats",
 }
+DEFAULT_SWEEP_DURATION_S: Final = 10.0
+DEFAULT_SWEEP_REPEATS: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +172,29 @@ class Profile:
     seed: int
     fault: Fault | None = None
     chaos: ChaosSettings | None = None
+    slos: tuple[Slo, ...] = ()
+    sweep_duration_s: float = DEFAULT_SWEEP_DURATION_S
+    sweep_repeats: int = DEFAULT_SWEEP_REPEATS
 
     def as_dict(self) -> dict[str, Any]:
         """For run metadata: the exact load that was asked for."""
         return asdict(self)
+
+    def at_rate(self, rate: float, seed: int | None = None) -> Profile:
+        """This profile at another offered rate (and seed), for one point of a sweep: the
+        point's duration is ``sweep_duration_s`` and the request count follows the rate."""
+        if not rate > 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        return replace(
+            self,
+            rate=rate,
+            duration_s=self.sweep_duration_s,
+            max_requests=max(1, math.ceil(rate * self.sweep_duration_s)),
+            seed=self.seed if seed is None else seed,
+        )
+
+    def with_slos(self, slos: tuple[Slo, ...]) -> Profile:
+        return replace(self, slos=slos)
 
 
 def resolve_name(name: str) -> str:
@@ -248,6 +276,20 @@ def _request_class(raw: dict[str, Any], defaults: dict[str, Any]) -> RequestClas
     )
 
 
+def _slos(where: str, raw: dict[str, Any]) -> tuple[Slo, ...]:
+    """``[slo]``: ``ttft_p99_ms = 500``-style entries, at most one per series."""
+    slos = []
+    for key, bound in raw.items():
+        try:
+            slos.append(parse_slo(key, bound))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    series = [s.series for s in slos]
+    if len(set(series)) != len(series):
+        raise ValueError(f"{where}: one SLO per series, got {sorted(raw)}")
+    return tuple(slos)
+
+
 def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = None) -> Profile:
     """Validate a raw profile and resolve it at ``scale``; ``seed`` overrides the file's."""
     if scale not in SCALES:
@@ -302,6 +344,8 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
     if "chaos" in raw or "chaos" in sc:
         chaos = _chaos(f"{name} {scale} chaos", _merge(raw.get("chaos", {}), sc.get("chaos", {})))
     tenants = defaults.get("tenants", ["default"])
+    slo_raw = sc.get("slo", raw.get("slo", {}))
+    sweep_s = sc.get("sweep_duration_s", min(duration, DEFAULT_SWEEP_DURATION_S))
     return Profile(
         name=name,
         title=raw.get("title", name),
@@ -319,6 +363,11 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         seed=int(seed if seed is not None else sc.get("seed", 0)),
         fault=fault,
         chaos=chaos,
+        slos=_slos(f"{name} slo", slo_raw),
+        sweep_duration_s=_positive(f"{name} {scale} sweep_duration_s", sweep_s),
+        sweep_repeats=_positive(
+            f"{name} {scale} sweep_repeats", sc.get("sweep_repeats", DEFAULT_SWEEP_REPEATS), int
+        ),
     )
 
 

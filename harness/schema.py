@@ -16,7 +16,7 @@ from typing import IO, Any, Final, Literal
 
 import orjson
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 RUN_META: Final = "run.json"
 SUMMARY: Final = "summary.json"
@@ -25,6 +25,7 @@ PHASES: Final = "phases.jsonl"
 PLOTS_DIR: Final = "plots"
 REPORT: Final = "report.html"
 CHAOS_DIR: Final = "chaos"
+SWEEP_DIR: Final = "sweep"
 
 Outcome = Literal["completed", "error", "lost"]
 OUTCOMES: Final = ("completed", "error", "lost")
@@ -33,6 +34,11 @@ OUTCOMES: Final = ("completed", "error", "lost")
 def requests_file(stack: str, profile: str) -> str:
     """Per-request JSONL for one stack and profile."""
     return f"requests-{stack}-{profile}.jsonl"
+
+
+def point_file(stack: str, profile: str, rate: float, repeat: int) -> str:
+    """Per-request JSONL for one sweep point, relative to the run directory."""
+    return f"{SWEEP_DIR}/{stack}/{profile}-{rate:g}rps-r{repeat}.jsonl"
 
 
 @dataclass(slots=True)
@@ -173,7 +179,17 @@ class Validity:
 
 @dataclass(slots=True)
 class SummaryRow:
-    """One (stack, profile, loader) row of summary.json.
+    """One (stack, profile, loader) row of summary.json: a plain run's profile, or one point
+    (an offered rate, one repeat) of a sweep.
+
+    ``loader_limited`` marks a row whose load generator could not keep to the schedule: its
+    figures are the loader's, not the stack's, and a sweep plots it as invalid.
+    ``offered_rate`` is the rate the schedule was built for (the profile's, or the sweep
+    point's); ``saturated`` says
+    the load was past what the stack serves (``harness.metrics.saturation``); ``host_cpu_pct``
+    is the whole host's CPU use over the phase (all cores), and ``host_saturated`` marks a phase
+    in which the stacks and the loader fought for CPU. ``records_file`` names a sweep point's
+    per-request file, relative to the run directory.
 
     On disk the row is flat with vLLM's key names (``median_e2el_ms`` ...); here the series
     statistics sit in ``stats`` (None where the series was empty: no completions means no
@@ -196,10 +212,22 @@ class SummaryRow:
     output_throughput: float = 0.0
     total_token_throughput: float = 0.0
     slos_ms: dict[str, float] = field(default_factory=dict)
+    slo_percentiles: dict[str, float] = field(default_factory=dict)
+    slo_met: bool | None = None
+    saturated: bool = False
+    saturation_reasons: list[str] = field(default_factory=list)
+    offered_rate: float = 0.0
+    host_cpu_pct: float | None = None
+    host_busiest_cpu_pct: float | None = None
+    host_saturated: bool = False
+    repeat: int = 0
+    point: int | None = None
+    records_file: str = ""
     stats: dict[str, float | None] = field(default_factory=dict)
     hdr_us: dict[str, str] = field(default_factory=dict)
     valid: bool = True
     invalid_reasons: list[str] = field(default_factory=list)
+    loader_limited: bool = False
     loader_protocol: str = ""
     ttft_is_first_byte: bool = False
     loader_extra: dict[str, Any] = field(default_factory=dict)
@@ -239,17 +267,88 @@ class SummaryRow:
         return cls(**known, stats=stats, other=other)
 
 
-def write_summary(run_dir: Path, rows: Sequence[SummaryRow]) -> None:
-    """summary.json, rewritten whole and atomically after every row."""
-    _write_json_atomic(run_dir / SUMMARY, [row.to_dict() for row in rows])
+@dataclass(slots=True)
+class SweepSection:
+    """summary.json's ``sweep``: one profile at a series of offered rates on every stack.
+
+    ``points`` are rows with ``offered_rate``, ``repeat`` and ``point`` set; ``stacks`` holds per
+    stack why its sweep stopped (``stopped``) and its headline figures (max goodput, knee, each an
+    interval over repeats); ``added_latency`` the rate at which the baseline's latency over the
+    zero-layer stack's passes ``added_latency_bound_ms``. ``mode`` is ``grid`` or ``adaptive``
+    (bisection to ``resolution``, a fraction of the rate).
+    """
+
+    profile: str
+    scale: str
+    mode: str
+    slos: list[dict[str, Any]]
+    rates: list[float]
+    repeats: int
+    resolution: float | None = None
+    added_latency_bound_ms: float = 0.0
+    capacity_rps: float | None = None
+    points: list[SummaryRow] = field(default_factory=list)
+    stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    added_latency: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "points"}
+        out["points"] = [row.to_dict() for row in self.points]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SweepSection:
+        names = {f.name for f in fields(cls)} - {"points"}
+        known = {k: v for k, v in data.items() if k in names}
+        points = [SummaryRow.from_dict(p) for p in data.get("points") or []]
+        return cls(**known, points=points)
+
+    def stack_points(self, stack: str) -> list[SummaryRow]:
+        """One stack's points in order of offered rate, then repeat."""
+        rows = [p for p in self.points if p.stack == stack]
+        return sorted(rows, key=lambda p: (p.offered_rate, p.repeat))
+
+
+def write_summary(
+    run_dir: Path, rows: Sequence[SummaryRow], sweep: SweepSection | None = None
+) -> None:
+    """summary.json, rewritten whole and atomically after every row and every sweep point."""
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "rows": [row.to_dict() for row in rows],
+        "sweep": sweep.to_dict() if sweep is not None else None,
+    }
+    _write_json_atomic(run_dir / SUMMARY, data)
+
+
+def _summary_object(run_dir: Path) -> dict[str, Any]:
+    """summary.json as its object; a version-1 file (a bare list of rows) reads as ``rows``."""
+    data = _read_json(run_dir / SUMMARY)
+    if isinstance(data, list):
+        data = {"rows": data, "sweep": None}
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(d, dict) for d in rows):
+        raise ResultsError(f"{run_dir / SUMMARY}: expected summary rows")
+    sweep = data.get("sweep")
+    if sweep is not None and not isinstance(sweep, dict):
+        raise ResultsError(f"{run_dir / SUMMARY}: the sweep section must be an object")
+    return data
 
 
 def read_summary(run_dir: Path) -> list[SummaryRow]:
-    """summary.json back as rows; ResultsError when it is not a list of objects."""
-    data = _read_json(run_dir / SUMMARY)
-    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise ResultsError(f"{run_dir / SUMMARY}: expected a list of summary rows")
-    return [SummaryRow.from_dict(d) for d in data]
+    """summary.json's plain rows; ResultsError when it is not what it claims to be."""
+    return [SummaryRow.from_dict(d) for d in _summary_object(run_dir)["rows"]]
+
+
+def read_sweep(run_dir: Path) -> SweepSection | None:
+    """summary.json's sweep section, or None for a plain run."""
+    data = _summary_object(run_dir).get("sweep")
+    if not data:
+        return None
+    try:
+        return SweepSection.from_dict(data)
+    except (KeyError, TypeError) as exc:
+        raise ResultsError(f"{run_dir / SUMMARY}: bad sweep section ({exc})") from exc
 
 
 class RunEnd(StrEnum):

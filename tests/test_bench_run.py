@@ -17,7 +17,9 @@ from bench import run as bench_run
 from harness import schema
 from harness.loaders import LoadResult
 from harness.metrics import summarize
+from harness.profile import load_profile
 from harness.stacks import StackName, StackSpec, descendants
+from harness.telemetry import HostCpu
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 SMOKE_LIMIT_S = 600
@@ -45,7 +47,7 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     meta = orjson.loads((run / schema.RUN_META).read_bytes())
     assert meta["complete"] is True
-    summary = orjson.loads((run / schema.SUMMARY).read_bytes())
+    summary = orjson.loads((run / schema.SUMMARY).read_bytes())["rows"]
     pairs = {(row["stack"], row["profile"]) for row in summary}
     profiles = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
     assert pairs == {(s, p) for s in ("zerolayer", "baseline") for p in profiles}
@@ -170,7 +172,29 @@ def test_a_summary_row_carries_what_the_loader_knows(tmp_path: Path) -> None:
         protocol="h2",
         ttft_is_first_byte=True,
     )
-    flat = bench_run.summary_row(result).to_dict()
+    profile = load_profile("a_latency", "smoke")
+    flat = bench_run.summary_row(result, profile, 8.0, HostCpu(95.0, 100.0, 2)).to_dict()
     assert flat["loader"] == "k6" and flat["loader_protocol"] == "h2"
     assert flat["ttft_is_first_byte"] is True and flat["loader_extra"] == {"per_replica": {"a": 1}}
-    assert flat["median_e2el_ms"] == summary["median_e2el_ms"] and "slos_ms" in flat
+    assert flat["median_e2el_ms"] == summary["median_e2el_ms"]
+    assert flat["slos_ms"] == {s.series: s.bound_ms for s in profile.slos}
+    assert flat["offered_rate"] == 8.0 and flat["host_saturated"] is True
+
+
+def test_goodput_counts_only_the_requests_within_the_profiles_slos(tmp_path: Path) -> None:
+    """A plain run's row judges each request against its profile's SLOs (vLLM's goodput), so
+    one request over the TTFT bound makes goodput lower than throughput."""
+    profile = load_profile("a_latency", "smoke")
+    ttft_bound_ns = int(next(s for s in profile.slos if s.series == "ttft").bound_ms * 1e6)
+    records = []
+    for i, ttft_ns in enumerate((1_000_000, 2_000_000, 3_000_000, 2 * ttft_bound_ns)):
+        rec = schema.RequestRecord(f"r{i}", "zerolayer", "a_latency", "native", 0, 1, 1)
+        rec.first_token_ns, rec.end_ns = 1 + ttft_ns, 1 + ttft_ns + 1_000_000
+        rec.chunk_ns, rec.outcome, rec.output_tokens = [rec.first_token_ns], "completed", 1
+        records.append(rec)
+    summary = summarize(records)
+    result = LoadResult("native", "zerolayer", "a_latency", tmp_path / "r.jsonl", records, summary)
+    row = bench_run.summary_row(result, profile, 8.0, HostCpu(10.0, 20.0, 2))
+    assert row.request_goodput == pytest.approx(0.75 * row.request_throughput)
+    assert row.slo_met is False  # p99 TTFT lies past the bound
+    assert not row.host_saturated

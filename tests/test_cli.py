@@ -37,6 +37,16 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["run", "--engine-option", "num_kv_blocks"], "expected KEY=VALUE"),
         (["run", "--engine-option", "nonsense=1"], "valid options: model_shape"),
         (["run", "--engine-option", "num_kv_blocks=many"], "num_kv_blocks"),
+        (["run", "--slo", "ttft"], "expected NAME:MS"),
+        (["run", "--slo", "latency:500"], "SLO series must be one of ttft, tpot, e2el"),
+        (["run", "--slo", "ttft:soon"], "the bound must be a number of ms"),
+        (["run", "--slo", "ttft_p101:500"], "percentile must lie in (0, 100]"),
+        (["sweep", "--rates", "4,-1"], "rates must be positive"),
+        (["sweep", "--rates", "4,x"], "expected comma-separated rates"),
+        (["sweep", "--repeats", "0"], "--repeats"),
+        (["sweep", "--resolution", "1.5"], "fraction in (0, 1)"),
+        (["sweep", "--profile", "d"], "d_fault injects faults"),
+        (["sweep", "--profile", "q"], "unknown profile 'q'"),
         (["nonsense"], "invalid choice: 'nonsense'"),
         (["fidelity", "--requests", "0"], "must be >= 1"),
         (["fidelity", "--engine-option", "model_shape=gpt-5"], "unknown model shape 'gpt-5'"),
@@ -45,7 +55,8 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_user_mistakes_are_one_line_and_exit_2(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    err = _error([*argv, *(["--out", str(tmp_path)] if argv[0] == "run" else [])], capsys)
+    out = ["--out", str(tmp_path)] if argv[0] in ("run", "sweep") else []
+    err = _error([*argv, *out], capsys)
     assert says in err
     assert not any(tmp_path.iterdir()), "nothing is written for a mistake"
 

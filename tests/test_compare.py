@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from simrun import Spec, fail_everything, make_run
 
 from bench.cli import main as cli_main
-from bench.report import compare, load_run
+from bench.report import compare, compare_common, compare_sweep, load_run
 from harness import schema
 
 HEAVY = {"a_latency": Spec(count=20, rate=80.0, max_tokens=16)}
@@ -20,7 +23,7 @@ HEAVY = {"a_latency": Spec(count=20, rate=80.0, max_tokens=16)}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("compare")
-    stacks = {"zerolayer": None}
+    stacks: dict[str, int | None] = {"zerolayer": None}
     good = make_run(root / "good", max_num_seqs=64, profiles=HEAVY, stacks=stacks)
     starved = make_run(root / "starved", max_num_seqs=1, profiles=HEAVY, stacks=stacks)
     return good, starved
@@ -151,3 +154,29 @@ def test_a_missing_run_is_an_error_not_a_regression(
         cli_main(["compare", str(good), str(tmp_path / "missing")])
     assert exc.value.code == 2
     assert "no results directory" in capsys.readouterr().err
+
+
+def test_the_sweep_names_stay_importable_from_compare() -> None:
+    """compare re-exports compare_sweep's public names (the very objects, not copies) and
+    compare_sweep never imports compare: one direction, no cycle."""
+    swept = [name for name in compare.__all__ if hasattr(compare_sweep, name)]
+    assert {"Flag", "Span", "judge", "compare_sweeps", "POINT_METRICS"} <= set(swept)
+    assert all(getattr(compare, name) is getattr(compare_sweep, name) for name in swept)
+    assert compare.Metric is compare_common.Metric is compare_sweep.Metric
+    assert not hasattr(compare_sweep, "compare")
+
+
+measured = st.floats(-1e6, 1e6, allow_nan=False) | st.none()
+
+
+@given(measured, measured)
+def test_relative_change_is_the_difference_over_a(a: float | None, b: float | None) -> None:
+    diff, change = compare_common.difference(a, b), compare_common.relative_change(a, b)
+    if a is None or b is None:
+        assert diff is None and change is None
+        return
+    assert diff == b - a
+    if a:
+        assert change == pytest.approx(diff / abs(a))
+    else:
+        assert change == (0.0 if b == 0 else math.inf)

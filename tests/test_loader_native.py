@@ -29,6 +29,7 @@ from harness.loaders.native import (
     run_schedule,
 )
 from harness.profile import Profile, load_profile
+from harness.progress import LinesView, Phase, PhaseProgress
 from harness.schema import OUTCOMES, RequestRecord, read_requests
 from harness.stacks import StackName, StackSpec, client_for, stand_up
 from harness.workload import PlannedRequest, build_schedule
@@ -176,7 +177,7 @@ def test_max_in_flight_serialises_and_shows_client_queue(tmp_path: Path) -> None
 
 def test_progress_lines_on_long_runs(tmp_path: Path) -> None:
     sched = build_schedule(_profile(rate=20.0, duration_s=0.5))
-    progress = io.StringIO()
+    out = io.StringIO()
     _run(
         run_schedule(
             sched,
@@ -184,11 +185,10 @@ def test_progress_lines_on_long_runs(tmp_path: Path) -> None:
             stack="engine",
             profile="a",
             records_path=tmp_path / "r.jsonl",
-            progress=progress,
-            progress_every_s=0.1,
+            progress=PhaseProgress(Phase("engine / a", 20.0, len(sched)), LinesView(out, 0.1)),
         )
     )
-    lines = progress.getvalue().splitlines()
+    lines = out.getvalue().splitlines()
     assert len(lines) >= 3 and all("ended" in line for line in lines)
 
 

@@ -8,20 +8,27 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 from simrun import Spec, fail_everything, make_run
+from test_sweep_report import make_sweep
 
-from bench.report.plots import PLOTS
+from bench.report import load_run
+from bench.report.plots import plots_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "reproduce.ipynb"
 
 
-@pytest.mark.parametrize("outage", [False, True], ids=["served", "nothing-completed"])
+@pytest.mark.parametrize("kind", ["served", "nothing-completed", "sweep"])
 def test_notebook_redraws_every_figure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outage: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    run_dir = make_run(tmp_path / "run", profiles={"a_latency": Spec(count=12, rate=40.0)})
-    if outage:
+    if kind == "sweep":
+        run_dir = tmp_path / "run"
+        make_sweep(run_dir)
+    else:
+        run_dir = make_run(tmp_path / "run", profiles={"a_latency": Spec(count=12, rate=40.0)})
+    if kind == "nothing-completed":
         fail_everything(run_dir)
+    expected = plots_for(load_run(run_dir))
     monkeypatch.setenv("ZL_RESULTS", str(run_dir))
     monkeypatch.setenv("ZL_NOTEBOOK_OUT", str(tmp_path / "redrawn"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -36,8 +43,11 @@ def test_notebook_redraws_every_figure(
         for out in cell.get("outputs", [])
         if "image/png" in out.get("data", {})
     ]
-    assert len(images) == len(PLOTS)
-    assert sorted(p.stem for p in (tmp_path / "redrawn").glob("*.png")) == sorted(PLOTS)
+    assert len(images) == len(expected)
+    assert sorted(p.stem for p in (tmp_path / "redrawn").glob("*.png")) == sorted(expected)
     text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
-    assert f"run {run_dir.name}: scale test" in text
-    assert "layer adds 80-150 ms" in text and "zerolayer  a_latency" in text
+    assert "layer adds 80-150 ms" in text
+    if kind == "sweep":
+        assert "load_goodput" in expected and f"run {run_dir.name}: scale laptop" in text
+    else:
+        assert f"run {run_dir.name}: scale test" in text and "zerolayer  a_latency" in text

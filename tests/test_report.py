@@ -23,12 +23,13 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_embeds_every_plot_and_a_row_per_stack_and_profile(run_dir: Path) -> None:
     assert cli_main(["report", str(run_dir)]) == 0
     page = (run_dir / schema.REPORT).read_text()
-    for name in plots.PLOTS:
+    run = load_run(run_dir)
+    assert set(plots.plots_for(run)) == set(plots.RUN_PLOTS), "a plain run has no load curves"
+    for name in plots.RUN_PLOTS:
         png = run_dir / schema.PLOTS_DIR / f"{name}.png"
         assert png.stat().st_size > 10_000, f"{name} is drawn"
         assert f"alt='{name}'" in page
-    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
-    run = load_run(run_dir)
+    assert page.count("data:image/png;base64,") == len(plots.RUN_PLOTS)
     assert not run.incomplete and "Incomplete run" not in page
     for stack in ("zerolayer", "baseline"):
         for profile in ("a_latency", "d_fault"):
@@ -101,8 +102,22 @@ def test_where_time_goes_uses_engine_accounting_then_falls_back(
     assert "TTFT decomposition" in plots.where_time_goes(run).texts[0].get_text()
 
 
-def test_claims_state_measured_figures_or_not_measured(run_dir: Path) -> None:
-    run = load_run(run_dir)
+def _with_validity(run_dir: Path, copy: Path, baseline_reason: str = "") -> Path:
+    """A copy of the run whose rows are valid (a loaded machine can make the loader lag), or
+    whose baseline a_latency row is invalid for ``baseline_reason``."""
+    shutil.copytree(run_dir, copy)
+    rows = schema.read_summary(copy)
+    for row in rows:
+        row.valid, row.invalid_reasons, row.loader_limited = True, [], False
+        row.saturated = row.host_saturated = False
+        if (row.stack, row.profile) == ("baseline", "a_latency") and baseline_reason:
+            row.valid, row.invalid_reasons = False, [baseline_reason]
+    schema.write_summary(copy, rows)
+    return copy
+
+
+def test_claims_state_measured_figures_or_not_measured(run_dir: Path, tmp_path: Path) -> None:
+    run = load_run(_with_validity(run_dir, tmp_path / "valid"))
     results = {c.key: c for c in claims.evaluate(run)}
     assert len(results) == len(claims.CLAIMS)
     zl, base = run.summary("zerolayer", "a_latency"), run.summary("baseline", "a_latency")
@@ -118,6 +133,10 @@ def test_claims_state_measured_figures_or_not_measured(run_dir: Path) -> None:
     assert results["layer_cpu"].status == claims.NOT_MEASURED, "no baseline processes watched"
     assert results["fragmentation"].status in (claims.HELD, claims.NOT_HELD)
     assert "%" in results["fragmentation"].measured
+    reason = "loader lagged: p99 scheduling lag 2.000 ms > 1.0 ms"
+    invalid = load_run(_with_validity(run_dir, tmp_path / "invalid", reason))
+    overhead = next(c for c in claims.evaluate(invalid) if c.key == "layer_overhead")
+    assert overhead.status == claims.Status.INVALID_INPUTS and reason in overhead.measured
 
 
 def test_an_interrupted_run_renders_marked_incomplete(tmp_path: Path) -> None:
@@ -130,14 +149,14 @@ def test_an_interrupted_run_renders_marked_incomplete(tmp_path: Path) -> None:
     run = load_run(run_dir)
     assert all(entry.recomputed for entry in run.summaries)
     assert len(run.records[("baseline", "d_fault")]) == 24, "the torn line is skipped"
-    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+    assert page.count("data:image/png;base64,") == len(plots.RUN_PLOTS)
 
 
 def test_a_profile_with_zero_completions_renders_and_says_so(run_dir: Path, tmp_path: Path) -> None:
     down = fail_everything(shutil.copytree(run_dir, tmp_path / "down"))
     assert cli_main(["report", str(down)]) == 0
     page = (down / schema.REPORT).read_text()
-    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+    assert page.count("data:image/png;base64,") == len(plots.RUN_PLOTS)
     assert "<i>no completions</i>" in page
     row = load_run(down).summary("zerolayer", "a_latency")
     assert row is not None and row.completed == 0 and row.stat("median_e2el_ms") is None

@@ -70,7 +70,7 @@ def test_a_summary_row_round_trips_with_vllm_keys(tmp_path: Path) -> None:
     assert row.stat("p99.9_e2el_ms") == pytest.approx(flat["p99.9_e2el_ms"])
     assert row.other == {"chaos_scale": {"x": 1}} and row.ttft_is_first_byte
     schema.write_summary(tmp_path, [row])
-    on_disk = orjson.loads((tmp_path / schema.SUMMARY).read_bytes())[0]
+    on_disk = orjson.loads((tmp_path / schema.SUMMARY).read_bytes())["rows"][0]
     assert set(flat) <= set(on_disk) and on_disk["median_ttft_ms"] == flat["median_ttft_ms"]
     assert schema.read_summary(tmp_path) == [row]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.metrics import override_slos, parse_slo_option
 from harness.profile import PROFILES, SCALES, load_profile, resolve_name
 from harness.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
 from zerolayer.wire.tokens import count_prompt_tokens
@@ -47,6 +48,45 @@ def test_bad_profiles_are_refused(tmp_path: Path) -> None:
         load_profile(bad, "smoke")
     with pytest.raises(ValueError):
         load_profile("a", "huge")
+
+
+def test_profiles_carry_their_slos_and_a_scale_may_override_them(tmp_path: Path) -> None:
+    a = load_profile("a", "laptop")
+    assert {s.name: s.bound_ms for s in a.slos} == {"ttft_p99_ms": 500, "e2el_p99_ms": 2000}
+    base = (Path(__file__).parents[1] / "harness/profiles/a_latency.toml").read_text()
+    custom = tmp_path / "custom.toml"
+    custom.write_text(base + "\n[scales.smoke.slo]\nttft_p90_ms = 100\n")
+    assert [str(s) for s in load_profile(custom, "smoke").slos] == ["TTFT p90 <= 100 ms"]
+    assert load_profile(custom, "laptop").slos == a.slos
+    custom.write_text(base.replace("ttft_p99_ms = 500", "ttft_p99_ms = 500\nttft_p90_ms = 200"))
+    with pytest.raises(ValueError, match="one SLO per series"):
+        load_profile(custom, "smoke")
+    custom.write_text(base.replace("ttft_p99_ms = 500", "queue_p99_ms = 500"))
+    with pytest.raises(ValueError, match="SLO series"):
+        load_profile(custom, "smoke")
+    custom.write_text(base.replace("ttft_p99_ms = 500", "ttft_p99_ms = -5"))
+    with pytest.raises(ValueError, match="positive"):
+        load_profile(custom, "smoke")
+
+
+def test_the_command_line_slo_replaces_the_profiles_for_its_series() -> None:
+    a = load_profile("a", "laptop")
+    over = override_slos(a.slos, [parse_slo_option("ttft:250"), parse_slo_option("tpot_p90:40")])
+    assert [str(s) for s in over] == [
+        "TTFT p99 <= 250 ms",
+        "TPOT p90 <= 40 ms",
+        "E2EL p99 <= 2000 ms",
+    ]
+
+
+def test_a_sweep_point_keeps_the_seeded_shape_at_another_rate() -> None:
+    a = load_profile("a", "laptop")
+    point = a.at_rate(5.0, seed=7)
+    assert (point.rate, point.duration_s, point.seed) == (5.0, a.sweep_duration_s, 7)
+    assert point.max_requests == 50 and point.classes == a.classes and point.slos == a.slos
+    assert len(build_schedule(point)) == 50
+    with pytest.raises(ValueError, match="positive"):
+        a.at_rate(0.0)
 
 
 def test_offsets_constant_poisson_gamma() -> None:

@@ -1,14 +1,19 @@
-"""``zl-bench compare A B``: two runs side by side with bootstrap confidence intervals.
+"""``zl-bench compare A B``: two runs side by side, plain runs here, sweeps in compare_sweep.
 
-For every (stack, profile) in both runs and every compared metric, the difference B - A gets a
-percentile bootstrap interval from resampling whole requests (so a request's ITL gaps stay
-together). A change is flagged as a regression when the interval excludes zero in the worse
+Plain runs: for every (stack, profile) in both runs and every compared metric, the difference
+B - A gets a percentile bootstrap interval from resampling whole requests (so a request's ITL gaps
+stay together). A change is flagged as a regression when the interval excludes zero in the worse
 direction *and* the change is beyond the threshold: statistically real and big enough to matter.
 Point values are harness.metrics' own; the resampled statistics use the same functions.
 
+Sweeps (both runs swept the same profile) are judged on their headline figures and listed at the
+offered rates both ran, by bench.report.compare_sweep; this module checks the two runs are alike,
+joins the verdicts and prints them. compare_sweep's public names are re-exported here.
+
 Exit status for CI: 0 no regression, 1 regression, 2 error or incomparable runs (different
-scale, engine, seed or loader, unless forced). A fall to zero completions is a regression: with
-nothing completed there is no latency to compare, not a -100 % "improvement".
+scale, engine, seed, loader or SLOs, unless forced; a sweep against a plain run, always). A fall
+to zero completions is a regression: with nothing completed there is no latency to compare, not
+a -100 % "improvement".
 """
 
 from __future__ import annotations
@@ -22,19 +27,67 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.report.compare_common import (
+    Metric,
+    change_text,
+    difference,
+    format_value,
+    relative_change,
+    text_table,
+)
+from bench.report.compare_sweep import (
+    ADDED_LATENCY_RATE,
+    ADDED_LATENCY_STACK,
+    HEADLINE_FIGURES,
+    POINT_METRICS,
+    RATE_TOLERANCE,
+    Flag,
+    HeadlineRow,
+    PointRow,
+    Span,
+    SweepComparison,
+    compare_sweeps,
+    format_headline,
+    format_points,
+    judge,
+    judge_shift,
+    print_sweep,
+    sweep_differences,
+)
 from bench.report.data import RunData, load_run
 from harness import metrics, schema
 from harness.errors import UsageError
 
-
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """A compared metric: its summary key, the series it is a statistic of, and its direction."""
-
-    key: str
-    series: str
-    higher_is_better: bool = False
-    min_abs_change: float = 0.0
+__all__ = [
+    "ADDED_LATENCY_RATE",
+    "ADDED_LATENCY_STACK",
+    "HEADLINE_FIGURES",
+    "ITL_FLOOR_MS",
+    "LATENCY_FLOOR_MS",
+    "METRICS",
+    "POINT_METRICS",
+    "RATE_TOLERANCE",
+    "Comparison",
+    "Flag",
+    "HeadlineRow",
+    "Metric",
+    "PointRow",
+    "Row",
+    "Span",
+    "SweepComparison",
+    "Verdict",
+    "add_arguments",
+    "check_settings",
+    "compare_runs",
+    "compare_sweeps",
+    "format_headline",
+    "format_points",
+    "format_table",
+    "judge",
+    "judge_shift",
+    "main",
+    "run_command",
+]
 
 
 # Resampling requests sees the noise inside a run, not between runs (timer and scheduler jitter
@@ -80,28 +133,31 @@ class Row:
 
     @property
     def diff(self) -> float | None:
-        return None if self.a is None or self.b is None else self.b - self.a
+        return difference(self.a, self.b)
 
     @property
     def change(self) -> float | None:
-        """Relative change B vs A (inf when A is 0 and B is not; None when not measured)."""
-        diff = self.diff
-        if diff is None or self.a is None:
-            return None
-        if self.a:
-            return diff / abs(self.a)
-        return 0.0 if not diff else float("inf")
+        return relative_change(self.a, self.b)
 
 
 @dataclass(slots=True)
 class Comparison:
-    """Everything ``compare`` decided, as printed and as written by ``--json``."""
+    """Everything ``compare`` decided, as printed and as written by ``--json``.
+
+    ``incomparable`` lists what makes the runs unlike (refused unless ``forced``);
+    ``differences`` configuration that differs but is what a comparison is for (engine options,
+    sweep placement); ``mismatch`` a difference no ``--force`` overrides (a sweep against a plain
+    run, sweeps of different profiles).
+    """
 
     a: str
     b: str
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     incomparable: list[str] = field(default_factory=list)
+    differences: list[str] = field(default_factory=list)
+    mismatch: str = ""
+    sweep: SweepComparison | None = None
     forced: bool = False
 
     @property
@@ -109,10 +165,20 @@ class Comparison:
         return [r for r in self.rows if r.regression]
 
     @property
+    def regression_count(self) -> int:
+        swept = len(self.sweep.regressions) if self.sweep is not None else 0
+        return len(self.regressions) + swept
+
+    @property
+    def measured(self) -> bool:
+        """Whether anything was compared at all (a row, or a headline figure of both sweeps)."""
+        return bool(self.rows) or (self.sweep is not None and self.sweep.measured)
+
+    @property
     def verdict(self) -> Verdict:
-        if (self.incomparable and not self.forced) or not self.rows:
+        if self.mismatch or (self.incomparable and not self.forced) or not self.measured:
             return Verdict.INCOMPARABLE
-        return Verdict.REGRESSION if self.regressions else Verdict.NO_REGRESSION
+        return Verdict.REGRESSION if self.regression_count else Verdict.NO_REGRESSION
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,11 +186,14 @@ class Comparison:
             "b": self.b,
             "verdict": self.verdict.name.lower(),
             "exit_status": int(self.verdict),
-            "regressions": len(self.regressions),
+            "regressions": self.regression_count,
+            "mismatch": self.mismatch,
             "incomparable": self.incomparable,
+            "differences": self.differences,
             "forced": self.forced,
             "notes": self.notes,
             "rows": [asdict(r) | {"diff": r.diff, "change": r.change} for r in self.rows],
+            "sweep": self.sweep.to_dict() if self.sweep is not None else None,
         }
 
 
@@ -249,6 +318,33 @@ def _invalid_notes(run: RunData, name: str) -> list[str]:
     return notes
 
 
+def _engine_differences(a: RunData, b: RunData) -> list[str]:
+    """Engine options that differ: what a comparison is often for, so listed, not refused."""
+    opts_a, opts_b = a.meta.engine_options, b.meta.engine_options
+
+    def shown(opts: dict[str, Any], key: str) -> str:
+        return repr(opts[key]) if key in opts else "unset"
+
+    return [
+        f"engine option {key}: A {shown(opts_a, key)}, B {shown(opts_b, key)}"
+        for key in sorted(set(opts_a) | set(opts_b))
+        if opts_a.get(key) != opts_b.get(key) or (key in opts_a) != (key in opts_b)
+    ]
+
+
+def _kind(run: RunData) -> str:
+    return f"a sweep of {run.sweep.profile}" if run.sweep is not None else "a plain run"
+
+
+def _mismatch(a: RunData, b: RunData) -> str:
+    """Why two runs cannot be compared at all, whatever ``--force`` says; "" when they can."""
+    if (a.sweep is None) != (b.sweep is None):
+        return f"A is {_kind(a)}, B is {_kind(b)}: compare a sweep with a sweep"
+    if a.sweep is not None and b.sweep is not None and a.sweep.profile != b.sweep.profile:
+        return f"A is {_kind(a)}, B is {_kind(b)}: compare sweeps of one profile"
+    return ""
+
+
 def compare_runs(
     a: RunData,
     b: RunData,
@@ -258,10 +354,20 @@ def compare_runs(
     seed: int = 0,
     force: bool = False,
 ) -> Comparison:
-    """Rows for every (stack, profile) both runs have, with notes and what makes them unlike."""
+    """Rows for every (stack, profile) both runs have and, for two sweeps, their headline
+    figures and shared points; with notes and what makes the runs unlike."""
     rng = np.random.default_rng(seed)
     result = Comparison(str(a.path), str(b.path), forced=force)
+    result.mismatch = _mismatch(a, b)
+    if result.mismatch:
+        return result
     result.incomparable = _differences(a, b)
+    result.differences = _engine_differences(a, b)
+    if a.sweep is not None and b.sweep is not None:
+        unlike, placement = sweep_differences(a.sweep, b.sweep)
+        result.incomparable += unlike
+        result.differences += placement
+        result.sweep = compare_sweeps(a.sweep, b.sweep, threshold)
     if a.path.resolve() == b.path.resolve():
         result.notes.append("A and B are the same run: every difference is 0 by construction")
     result.notes += _invalid_notes(a, "A") + _invalid_notes(b, "B")
@@ -275,10 +381,6 @@ def compare_runs(
             key, _Sample(ra), _Sample(rb), n_boot, threshold, confidence, rng
         )
     return result
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
 
 
 def format_table(rows: list[Row], confidence: float = 0.95) -> str:
@@ -296,47 +398,66 @@ def format_table(rows: list[Row], confidence: float = 0.95) -> str:
     )
     lines = [header]
     for r in rows:
-        change = r.change
         ci = "n/a" if r.ci_low is None else f"[{r.ci_low:+.3f}, {r.ci_high or 0.0:+.3f}]"
         lines.append(
             (
                 r.stack,
                 r.profile,
                 r.metric,
-                _fmt(r.a, ".3f"),
-                _fmt(r.b, ".3f"),
-                _fmt(r.diff, "+.3f"),
+                format_value(r.a, ".3f"),
+                format_value(r.b, ".3f"),
+                format_value(r.diff, "+.3f"),
                 ci,
-                "n/a" if change is None or change == float("inf") else f"{change:+.1%}",
+                change_text(r.change),
                 "REGRESSION" if r.regression else "",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    return text_table(lines)
+
+
+def _preamble(result: Comparison, n_boot: int, threshold: float) -> str:
+    where = f"A = {result.a}  B = {result.b}"
+    if result.sweep is not None:
+        return (
+            f"{where}  (sweeps of {result.sweep.profile}; regression: a headline figure of B "
+            f"below A's with the intervals over repeats apart, or for one repeat the values, "
+            f"by more than {threshold:.0%})"
+        )
+    return (
+        f"{where}  ({n_boot} bootstrap resamples of requests, regression: "
+        f"CI of B-A excludes 0 on the worse side and the change exceeds {threshold:.0%} and "
+        f"the noise floor: {LATENCY_FLOOR_MS:g} ms latency, {ITL_FLOOR_MS:g} ms ITL)"
     )
 
 
 def _print(result: Comparison, n_boot: int, threshold: float, confidence: float) -> None:
-    print(
-        f"A = {result.a}  B = {result.b}  ({n_boot} bootstrap resamples of requests, regression: "
-        f"CI of B-A excludes 0 on the worse side and the change exceeds {threshold:.0%} and "
-        f"the noise floor: {LATENCY_FLOOR_MS:g} ms latency, {ITL_FLOOR_MS:g} ms ITL)"
-    )
+    if result.mismatch:
+        print(f"incomparable: {result.mismatch}")
+        return
+    print(_preamble(result, n_boot, threshold))
     for problem in result.incomparable:
         print(f"{'warning' if result.forced else 'incomparable'}: {problem}")
     if result.incomparable and not result.forced:
         print("the runs are not like for like; --force compares them anyway")
         return
+    for differing in result.differences:
+        print(f"differs: {differing}")
+    if result.sweep is not None:
+        print_sweep(result.sweep)
     if result.rows:
         print(format_table(result.rows, confidence))
     for note in result.notes:
         print(f"note: {note}")
-    if not result.rows:
-        print("nothing to compare: the runs share no stack and profile")
+    if not result.measured:
+        what = (
+            "no headline figure was measured in both sweeps"
+            if result.sweep is not None
+            else "the runs share no stack and profile"
+        )
+        print(f"nothing to compare: {what}")
         return
-    flagged = result.regressions
-    print(f"{len(flagged)} regression(s) flagged" if flagged else "no regression flagged")
+    count = result.regression_count
+    print(f"{count} regression(s) flagged" if count else "no regression flagged")
 
 
 def main(
@@ -376,7 +497,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench compare``'s arguments."""
     parser.add_argument("a", help="baseline results directory (results/<run-id>)")
     parser.add_argument("b", help="candidate results directory")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument(
+        "--bootstrap", type=int, default=1000, help="bootstrap resamples (plain runs)"
+    )
     parser.add_argument(
         "--threshold", type=float, default=0.10, help="relative change that counts as a regression"
     )
@@ -384,7 +507,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--confidence", type=float, default=0.95, help="CI level, a fraction in (0, 1)"
     )
     parser.add_argument(
-        "--force", action="store_true", help="compare runs whose scale/engine/seed/loader differ"
+        "--force",
+        action="store_true",
+        help="compare runs whose scale/engine/seed/loader/SLOs differ",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the verdict here")
 

@@ -45,6 +45,7 @@ class RunData:
     phases: list[dict[str, Any]]
     faults: list[Fault]
     incomplete_reasons: list[str] = field(default_factory=list)
+    sweep: schema.SweepSection | None = None
 
     @property
     def run_id(self) -> str:
@@ -85,6 +86,13 @@ class RunData:
         capacity = prof.get("capacity") or {}
         value = capacity.get("offered_requests_per_s", prof.get("rate"))
         return float(value) if value is not None else None
+
+    def point_records(self, row: schema.SummaryRow) -> list[schema.RequestRecord]:
+        """A sweep point's per-request records (none where its file is gone)."""
+        path = self.path / row.records_file
+        if not row.records_file or not path.exists():
+            return []
+        return schema.read_requests(path)
 
     def capacity(self, profile: str) -> float | None:
         """The engines' predicted capacity (req/s) for a profile, when the run recorded it."""
@@ -250,4 +258,5 @@ def load_run(path: str | Path) -> RunData:
         phases=phases,
         faults=sorted(faults, key=lambda f: f.t_ns),
         incomplete_reasons=reasons,
+        sweep=schema.read_sweep(path) if (path / schema.SUMMARY).exists() else None,
     )

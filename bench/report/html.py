@@ -1,7 +1,10 @@
 """``report.html``: one self-contained page (plots embedded as PNG data URIs) per run.
 
-Sections: the run header, an "incomplete run" banner when the run was cut short, validity flags,
-the summary table, the claims check, fault markers, telemetry sources, and every plot.
+Sections: an "incomplete run" banner when the run was cut short; for a sweep, the headline
+figures per stack first (max goodput, knee, highest rate within the SLOs, each with its interval
+over repeats) and the table of points; the run header, validity flags, the summary table, the
+claims check, fault markers, telemetry sources, a note where the host's CPU was full, and every
+plot that applies to the run.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 
 from bench.report import claims, plots
 from bench.report.data import RunData, load_run, read_recovery
-from harness import schema
-from harness.schema import SummaryRow
+from harness import curves, schema
+from harness.curves import Interval
+from harness.schema import SummaryRow, SweepSection
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "{:.0f}"),
@@ -33,7 +37,10 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("p99_lag_ms", "loader lag p99 (ms)", "{:.3f}"),
     ("request_throughput", "req/s", "{:.2f}"),
     ("output_throughput", "output tok/s", "{:.1f}"),
+    ("host_cpu_pct", "host CPU %", "{:.0f}"),
 )
+RATE = "req/s"
+LAGGED_PREFIX = "loader lagged: "  # harness.metrics.lag_reason's wording, said once per cell
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
@@ -42,6 +49,7 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f0f0f0}td.l,th.l{text-align:left}
 .banner{background:#fde2e1;border:2px solid #c0392b;padding:1em;font-weight:bold}
 .held{background:#e3f6e3}.not-held{background:#fde2e1}.not-measured{background:#f3f3f3}
+.inconclusive{background:#fff4d6}.invalid-inputs{background:#f3f3f3}
 .invalid{background:#fff3cd}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 """
 
@@ -85,7 +93,16 @@ def _loader_note(entry: SummaryRow) -> str:
     return escape("; ".join(parts))
 
 
+def _saturated_cell(entry: SummaryRow) -> str:
+    """ "yes" with why (``harness.metrics.saturation``'s reasons), or "no"."""
+    if not entry.saturated:
+        return "no"
+    return "<b>yes</b>: " + escape("; ".join(entry.saturation_reasons))
+
+
 def _summary_section(run: RunData) -> str:
+    if not run.summaries and run.sweep is not None:
+        return ""
     rows, notes = [], []
     for entry in run.summaries:
         flag = "valid" if entry.valid else "INVALID"
@@ -97,6 +114,7 @@ def _summary_section(run: RunData) -> str:
                 escape(entry.profile),
                 escape(entry.loader),
                 *_summary_cells(entry),
+                _saturated_cell(entry),
                 _loader_note(entry),
                 flag,
             ]
@@ -109,6 +127,7 @@ def _summary_section(run: RunData) -> str:
         "profile",
         "loader",
         *(h for _, h, _ in SUMMARY_COLUMNS),
+        "saturated",
         "on the wire",
         "validity",
     ]
@@ -119,6 +138,132 @@ def _summary_section(run: RunData) -> str:
             f"latency.<ul>{''.join(notes)}</ul></div>"
         )
     return out
+
+
+def _rate_text(figure: Interval) -> str:
+    return escape(figure.text(".2f", RATE))
+
+
+def _headline_section(sweep: SweepSection) -> str:
+    """The sweep's answer, first: per stack its max goodput, knee and highest rate within the
+    SLOs (intervals over repeats), why its sweep stopped; then the added-latency rate."""
+    rows = []
+    for stack in plots.sweep_stacks(sweep):
+        figures = plots.sweep_headline(sweep, stack)
+        stopped = sweep.stacks.get(stack, {}).get("stopped") or "ran every rate"
+        rows.append(
+            [
+                escape(stack),
+                _rate_text(figures["max_goodput"]),
+                _rate_text(figures["knee"]),
+                _rate_text(figures["highest_within_slos"]),
+                escape(stopped),
+            ]
+        )
+    headers = [
+        "stack",
+        "max goodput",
+        "knee (leaves the SLOs)",
+        "highest rate within the SLOs",
+        "sweep stopped",
+    ]
+    added = plots.sweep_added_latency(sweep)
+    slos = "; ".join(str(s) for s in plots.sweep_slos(sweep)) or "none"
+    return (
+        f"<h2>Load sweep: {escape(sweep.profile)}</h2><p>{escape(sweep.mode)} sweep, "
+        f"{len(sweep.rates)} rates, {sweep.repeats} repeat(s) per rate; SLOs: {escape(slos)}. "
+        f"Figures are the mean over repeats with a {curves.CONFIDENCE:.0%} Student-t interval; "
+        "points where the loader lagged take no part.</p>"
+        + _table(headers, rows, left=1)
+        + f"<p><b>Added latency</b>: offered rate at which the baseline's median E2EL exceeds "
+        f"the zero-layer stack's by more than {added.bound_ms:g} ms: "
+        f"{_rate_text(added.rate)}</p>"
+    )
+
+
+POINT_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("median_ttft_ms", "TTFT p50 (ms)", "{:.1f}"),
+    ("p99_ttft_ms", "TTFT p99 (ms)", "{:.1f}"),
+    ("median_e2el_ms", "E2EL p50 (ms)", "{:.1f}"),
+    ("p99_e2el_ms", "E2EL p99 (ms)", "{:.1f}"),
+    ("request_goodput", "goodput (req/s)", "{:.2f}"),
+    ("request_throughput", "throughput (req/s)", "{:.2f}"),
+)
+
+
+def _point_validity(row: SummaryRow) -> str:
+    """Whether the point measured the stack; a loader-limited point is the loader's."""
+    if row.loader_limited:
+        why = "; ".join(r.removeprefix(LAGGED_PREFIX) for r in row.invalid_reasons)
+        return f"<span class='invalid'><b>{plots.INVALID_LABEL}</b> ({escape(why)})</span>"
+    if not row.valid:
+        return f"<span class='invalid'>INVALID: {escape('; '.join(row.invalid_reasons))}</span>"
+    return "valid"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "<b>no</b>")
+
+
+def _host_cell(row: SummaryRow) -> str:
+    if row.host_cpu_pct is None:
+        return "-"
+    return f"{row.host_cpu_pct:.0f}" + (" <b>(all cores full)</b>" if row.host_saturated else "")
+
+
+def _points_section(sweep: SweepSection) -> str:
+    """Every point of the sweep, with why a point is not the stack's where it is not."""
+    rows = []
+    for stack in plots.sweep_stacks(sweep):
+        for row in sweep.stack_points(stack):
+            flat = row.to_dict()
+            latency = [
+                "<i>no completions</i>"
+                if row.completed == 0 and key.endswith("_ms")
+                else _cell(flat.get(key), fmt)
+                for key, _, fmt in POINT_COLUMNS
+            ]
+            rows.append(
+                [
+                    escape(stack),
+                    f"{row.offered_rate:.3g}",
+                    str(row.repeat),
+                    f"{row.completed}/{row.errors}/{row.lost}",
+                    *latency,
+                    _yes_no(row.slo_met),
+                    _saturated_cell(row),
+                    _host_cell(row),
+                    _point_validity(row),
+                ]
+            )
+    headers = [
+        "stack",
+        "offered (req/s)",
+        "repeat",
+        "completed/errors/lost",
+        *(h for _, h, _ in POINT_COLUMNS),
+        "SLOs met",
+        "saturated",
+        "host CPU %",
+        "valid / why not",
+    ]
+    return "<h2>Sweep points</h2>" + _table(headers, rows, left=1)
+
+
+def _host_note(run: RunData) -> str:
+    """Beside the figures: where all cores were near full, what the latency there measures."""
+    where = [f"{r.stack} / {r.profile}" for r in run.summaries if r.host_saturated]
+    if run.sweep is not None:
+        for stack in plots.sweep_stacks(run.sweep):
+            rates = [p.rate for p in plots.rate_points(run.sweep, stack) if p.host_saturated]
+            if rates:
+                where.append(f"{stack} at {', '.join(f'{r:g}' for r in rates)} req/s")
+    if not where:
+        return ""
+    return (
+        f"<div class='invalid'><b>Host CPU</b>: {escape(plots.HOST_NOTE)} "
+        f"({escape('; '.join(where))}).</div>"
+    )
 
 
 def _validity_section(run: RunData) -> str:
@@ -136,7 +281,7 @@ def _validity_section(run: RunData) -> str:
 def _claims_section(run: RunData) -> str:
     rows = []
     for result in claims.evaluate(run):
-        css = result.status.replace(" ", "-")
+        css = result.status.css
         rows.append(
             [
                 escape(result.claim),
@@ -230,6 +375,7 @@ def render(run_dir: str | Path) -> Path:
     """Re-draw the plots and write ``report.html`` for a results directory; returns its path."""
     run = load_run(run_dir)
     images = plots.render_all(run)
+    sweep = run.sweep
     meta = run.meta
     head = [
         ("run", run.run_id),
@@ -252,15 +398,19 @@ def render(run_dir: str | Path) -> Path:
             f"<div class='banner'>Incomplete run: the figures below cover only what "
             f"was measured before it stopped.<ul>{reasons}</ul></div>"
         )
+    if sweep is not None:
+        parts.append(_headline_section(sweep))
     parts.append(_table(["", ""], [[k, escape(str(v))] for k, v in head], left=2))
     parts += [
         _validity_section(run),
+        _points_section(sweep) if sweep is not None else "",
         _summary_section(run),
         _claims_section(run),
         _faults_section(run),
         _recovery_section(run),
         _telemetry_section(run),
         "<h2>Plots</h2>",
+        _host_note(run),
     ]
     parts += [_image(p) for p in images]
     parts.append("</body></html>")

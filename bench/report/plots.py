@@ -1,16 +1,19 @@
 """Every figure of the report, drawn from a loaded run (matplotlib, Agg, no display needed).
 
 Each function takes a :class:`RunData` and returns a pyplot-free Figure whose title names the
-run's scale and whose axes carry units; ``render_all`` writes them all to ``plots/``. The
-notebook calls the same functions, so a researcher redraws exactly what the report shows.
-Per-request values come from ``harness.metrics.series``: plots and tables share one definition.
+run's scale and whose axes carry units; ``render_all`` writes those that apply to the run (a
+sweep's load curves, or a plain run's per-profile figures) to ``plots/``. The notebook calls the
+same functions, so a researcher redraws exactly what the report shows. Per-request values come
+from ``harness.metrics.series`` and load curves from ``harness.curves``: plots and tables share
+one definition.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -18,11 +21,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from bench.report.data import RunData
-from harness import metrics, schema
+from harness import curves, metrics, schema
+from harness.curves import Interval
+from harness.schema import SummaryRow
 
 STACK_COLORS = {"zerolayer": "#1f77b4", "baseline": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
-MARKERS = ("o", "s", "^", "D", "v")
 NS = 1e9
 
 
@@ -33,15 +37,20 @@ def _figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]
     return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
+def _stacks(run: RunData) -> list[str]:
+    """The run's stacks: those with records, else those of its sweep."""
+    return run.stacks or (sweep_stacks(run.sweep) if run.sweep is not None else [])
+
+
 def stack_color(run: RunData, stack: str) -> str:
     if stack in STACK_COLORS:
         return STACK_COLORS[stack]
-    others = [s for s in run.stacks if s not in STACK_COLORS]
+    others = [s for s in _stacks(run) if s not in STACK_COLORS]
     return OTHER_COLORS[others.index(stack) % len(OTHER_COLORS)] if stack in others else "k"
 
 
 def _title(fig: Figure, run: RunData, what: str) -> None:
-    stacks = ", ".join(run.stacks) or "no stacks"
+    stacks = ", ".join(_stacks(run)) or "no stacks"
     fig.suptitle(f"{what}\nrun {run.run_id} · scale {run.scale} · stacks: {stacks}", fontsize=11)
 
 
@@ -310,58 +319,394 @@ def gpu_fragmentation(run: RunData) -> Figure:
     return fig
 
 
-def throughput_vs_load(run: RunData) -> Figure:
-    """Achieved request throughput against the offered load, per stack and profile."""
-    fig, ax = _figure(figsize=(7.5, 5.5))
-    _title(fig, run, "Throughput against offered load")
-    points = []
-    for entry in run.summaries:
-        offered = run.offered_rate(entry.profile)
-        if offered is not None:
-            points.append((entry, offered))
-    if not points:
-        return _empty(fig, "no offered load recorded in run.json for any profile")
-    top = 0.0
-    for entry, offered in points:
-        got = entry.request_throughput
-        top = max(top, offered, got)
-        rank = run.stacks.index(entry.stack) if entry.stack in run.stacks else 0
+NO_SWEEP = "no sweep in this run: load curves come from `zl-bench sweep`"
+INVALID_LABEL = "invalid: loader lagged"
+BEST_LABEL = "rate of the highest mean goodput (star)"
+SATURATED_LABEL = "saturated (queue growing or failing)"
+HOST_LABEL = "host CPU saturated (all cores near full)"
+HOST_NOTE = (
+    "all cores near full at these rates: the latency measures the stacks' processes and the "
+    "loader fighting for CPU, not their design"
+)
+LATENCY_SERIES = ("ttft", "e2el")
+PERCENTILE_STYLES = (("median", "p50", "-"), ("p99", "p99", "--"))
+BARS = "bars: range over repeats"
+HOST_COLOR = "#ff9900"
+DIFF_LINTHRESH_MS = 10.0
+LEGEND_RIGHT = 0.97  # tight_layout leaves an outside legend a few pixels short
+HOST_BAND = 1.08
+
+
+@dataclass(frozen=True, slots=True)
+class RatePoint:
+    """One stack's repeats at one offered rate. Usable repeats pool into intervals over repeats
+    (``harness.curves.interval``); loader-limited ones are the loader's and are drawn apart."""
+
+    rate: float
+    rows: tuple[SummaryRow, ...]
+
+    @property
+    def valid(self) -> list[SummaryRow]:
+        return [r for r in self.rows if curves.usable(r)]
+
+    @property
+    def invalid(self) -> list[SummaryRow]:
+        return [r for r in self.rows if not curves.usable(r)]
+
+    def stat(self, key: str) -> Interval:
+        """A series statistic (vLLM key, e.g. ``p99_e2el_ms``) over the usable repeats."""
+        return curves.interval([r.stat(key) for r in self.valid])
+
+    def throughput(self, name: str) -> Interval:
+        """``request_goodput`` or ``request_throughput`` over the usable repeats."""
+        return curves.interval([getattr(r, name) for r in self.valid])
+
+    @property
+    def saturated(self) -> bool:
+        return any(r.saturated for r in self.valid)
+
+    @property
+    def host_saturated(self) -> bool:
+        return any(r.host_saturated for r in self.rows)
+
+
+def _rate_key(row: SummaryRow) -> float:
+    """Repeats of one point share its offered rate to three significant figures (the sweep
+    places its rates so)."""
+    return float(f"{row.offered_rate:.3g}")
+
+
+def rate_points(sweep: schema.SweepSection, stack: str) -> list[RatePoint]:
+    """One stack's sweep points grouped by offered rate, in order of rate."""
+    groups: dict[float, list[SummaryRow]] = {}
+    for row in sweep.stack_points(stack):
+        groups.setdefault(_rate_key(row), []).append(row)
+    return [RatePoint(rate, tuple(rows)) for rate, rows in sorted(groups.items())]
+
+
+def sweep_stacks(sweep: schema.SweepSection) -> list[str]:
+    """The sweep's stacks: zerolayer first, baseline second, the rest by name."""
+    rank = {curves.ZEROLAYER: 0, curves.BASELINE: 1}
+    names = {p.stack for p in sweep.points} | set(sweep.stacks)
+    return sorted(names, key=lambda s: (rank.get(s, 2), s))
+
+
+def sweep_slos(sweep: schema.SweepSection) -> list[metrics.Slo]:
+    return [metrics.Slo.from_dict(d) for d in sweep.slos]
+
+
+def sweep_headline(sweep: schema.SweepSection, stack: str) -> dict[str, Interval]:
+    """A stack's headline figures as the sweep recorded them; computed by ``harness.curves``
+    from its points where summary.json lacks them (a sweep cut short)."""
+    stored = sweep.stacks.get(stack, {}).get("headline")
+    if stored:
+        return {name: Interval.from_dict(value) for name, value in stored.items()}
+    return curves.headline(sweep.stack_points(stack), sweep_slos(sweep))
+
+
+def sweep_added_latency(sweep: schema.SweepSection) -> curves.AddedLatency:
+    """The baseline-minus-zero-layer latency as recorded; computed from the points if absent."""
+    stored = sweep.added_latency
+    if not stored:
+        return curves.added_latency(sweep.points, sweep.added_latency_bound_ms)
+    return curves.AddedLatency.from_dict(stored)
+
+
+def _spread(figure: Interval) -> tuple[float, float]:
+    """The lowest and highest repeat's figure. The bars show this range: with two or three
+    repeats the t-interval reaches below zero, off a log axis; the headline figures keep it."""
+    got = [v for v in figure.per_repeat if v is not None]
+    value = figure.value if figure.value is not None else float("nan")
+    return (min(got), max(got)) if got else (value, value)
+
+
+def _errorbars(ax: Axes, xs: list[float], values: list[Interval], **style: Any) -> None:
+    """Each rate's mean over repeats with the repeats' range as bars; rates with nothing
+    measured are left out (no completions is no latency, not 0 ms)."""
+    got = [(x, v) for x, v in zip(xs, values, strict=True) if v.value is not None]
+    if not got:
+        return
+    mean = np.asarray([v.value for _, v in got], dtype=float)
+    low = np.asarray([_spread(v)[0] for _, v in got], dtype=float)
+    high = np.asarray([_spread(v)[1] for _, v in got], dtype=float)
+    ax.errorbar(
+        [x for x, _ in got], mean, yerr=[mean - low, high - mean], capsize=3, markersize=4, **style
+    )
+
+
+def _invalid_points(ax: Axes, xy: list[tuple[float, float | None]]) -> None:
+    """Loader-limited repeats: hollow grey, labelled as the loader's, never joined to a curve."""
+    got = [(x, y) for x, y in xy if y is not None]
+    if got:
         ax.scatter(
-            [offered],
-            [got],
-            s=140 / (1 + rank),
-            marker=MARKERS[rank % len(MARKERS)],
-            color=stack_color(run, entry.stack),
-            label=entry.stack,
-            edgecolors="black",
-            linewidths=0.5,
-            zorder=3 + rank,
+            [x for x, _ in got],
+            [y for _, y in got],
+            s=46,
+            facecolors="none",
+            edgecolors="0.5",
+            linewidths=1.3,
+            label=INVALID_LABEL,
+            zorder=5,
         )
-        ax.annotate(
-            entry.profile, (offered, got), textcoords="offset points", xytext=(6, 4), fontsize=8
+
+
+def _saturated_points(ax: Axes, xy: list[tuple[float, float | None]]) -> None:
+    got = [(x, y) for x, y in xy if y is not None]
+    if got:
+        ax.scatter(
+            [x for x, _ in got],
+            [y for _, y in got],
+            s=36,
+            marker="x",
+            color="black",
+            linewidths=1.2,
+            label=SATURATED_LABEL,
+            zorder=6,
         )
-    for profile in run.profiles:
-        cap = run.capacity(profile)
-        if cap is not None:
-            ax.axhline(cap, color="0.5", linestyle=":", linewidth=1)
-            ax.annotate(
-                f"{profile} capacity (model)",
-                (0, cap),
-                fontsize=7,
-                color="0.4",
-                xycoords=("axes fraction", "data"),
-                va="bottom",
-            )
-    ax.plot([0, top * 1.1], [0, top * 1.1], color="0.6", linestyle="--", label="served = offered")
+
+
+def _host_bands(ax: Axes, points: dict[str, list[RatePoint]]) -> bool:
+    """Shade the rates at which all the host's cores were near full; True when any were."""
+    rates = sorted({p.rate for pts in points.values() for p in pts if p.host_saturated})
+    for rate in rates:
+        ax.axvspan(
+            rate / HOST_BAND, rate * HOST_BAND, color=HOST_COLOR, alpha=0.14, lw=0, label=HOST_LABEL
+        )
+    return bool(rates)
+
+
+def _host_caption(fig: Figure, shown: bool) -> None:
+    """The caption line under a load figure when any rate had the host's CPU full."""
+    if shown:
+        fig.text(0.01, 0.01, f"Orange bands: {HOST_NOTE}.", fontsize=8, color="#8a4b00")
+
+
+def _mark_rate(ax: Axes, figure: Interval, color: str, what: str) -> None:
+    """A rate headline (knee, crossing) as a vertical line with its interval shaded; where it
+    has no value the legend says why (e.g. not reached by the highest rate measured)."""
+    if figure.value is None:
+        ax.plot([], [], " ", label=f"{what}: {figure.text()}")
+        return
+    ax.axvline(
+        figure.value,
+        color=color,
+        linestyle=":",
+        linewidth=1.6,
+        label=f"{what} {figure.text('.3g', 'req/s')}",
+    )
+    if figure.n > 1 and figure.low is not None and figure.high is not None and figure.low > 0:
+        ax.axvspan(figure.low, figure.high, color=color, alpha=0.08, lw=0)
+
+
+def _legend(ax: Axes, **kwargs: Any) -> None:
+    """One legend entry per label (bands and markers repeat theirs per stack and rate)."""
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=8)
-    ax.set_xlabel("offered load (requests/s)")
-    ax.set_ylabel("completed requests/s")
-    ax.set_xlim(left=0)
+    ax.legend(unique.values(), unique.keys(), fontsize=7, **kwargs)
+
+
+def _rate_axis(ax: Axes) -> None:
+    ax.set_xscale("log")
+    _log_ms(ax.xaxis)
+    ax.set_xlabel("offered load (requests/s, log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _sweep_title(fig: Figure, run: RunData, sweep: schema.SweepSection, what: str) -> None:
+    slos = "; ".join(str(s) for s in sweep_slos(sweep)) or "no SLOs"
+    _title(fig, run, f"{what}\nprofile {sweep.profile} · {sweep.mode} sweep · SLOs: {slos}")
+
+
+def load_latency(run: RunData) -> Figure:
+    """p50 and p99 TTFT and E2EL against offered rate, every stack, with SLO bounds and knees."""
+    fig, axes = _figure(1, 2, figsize=(13, 8), squeeze=False)
+    sweep = run.sweep
+    if sweep is None:
+        _title(fig, run, "Latency against offered load")
+        return _empty(fig, NO_SWEEP)
+    _sweep_title(fig, run, sweep, f"Latency against offered load (p50 solid, p99 dashed; {BARS})")
+    points = {stack: rate_points(sweep, stack) for stack in sweep_stacks(sweep)}
+    host = False
+    for ax, name in zip(axes[0], LATENCY_SERIES, strict=True):
+        for stack, pts in points.items():
+            _latency_curves(ax, stack_color(run, stack), stack, pts, name)
+            _mark_rate(
+                ax, sweep_headline(sweep, stack)["knee"], stack_color(run, stack), f"{stack} knee"
+            )
+        for slo in sweep_slos(sweep):
+            if slo.series == name:
+                ax.axhline(slo.bound_ms, color="black", linestyle="-.", linewidth=1, label=str(slo))
+        host = _host_bands(ax, points)
+        _rate_axis(ax)
+        ax.set_yscale("log")
+        _log_ms(ax.yaxis)
+        ax.set_ylabel(f"{name.upper()} (ms, log scale)")
+        ax.set_title(name.upper(), fontsize=10)
+        _legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout(rect=(0, 0.04 if host else 0, 1, 1))
+    _host_caption(fig, host)
+    return fig
+
+
+def _latency_curves(ax: Axes, color: str, stack: str, pts: list[RatePoint], name: str) -> None:
+    """One stack's p50 and p99 of one series, its invalid repeats and its saturated rates."""
+    xs = [p.rate for p in pts]
+    for stat, label, style in PERCENTILE_STYLES:
+        key = f"{stat}_{name}_ms"
+        values = [p.stat(key) for p in pts]
+        _errorbars(
+            ax, xs, values, color=color, linestyle=style, marker="o", label=f"{stack} {label}"
+        )
+        _invalid_points(ax, [(p.rate, r.stat(key)) for p in pts for r in p.invalid])
+        _saturated_points(
+            ax, [(p.rate, v.value) for p, v in zip(pts, values, strict=True) if p.saturated]
+        )
+
+
+def load_goodput(run: RunData) -> Figure:
+    """Goodput and throughput against offered rate, with served = offered and max goodput."""
+    fig, ax = _figure(figsize=(12, 6))
+    sweep = run.sweep
+    if sweep is None:
+        _title(fig, run, "Goodput against offered load")
+        return _empty(fig, NO_SWEEP)
+    _sweep_title(
+        fig, run, sweep, f"Goodput (solid) and throughput (dashed) against offered load; {BARS}"
+    )
+    points = {stack: rate_points(sweep, stack) for stack in sweep_stacks(sweep)}
+    for stack, pts in points.items():
+        _goodput_curves(ax, stack_color(run, stack), stack, pts)
+        _mark_max_goodput(ax, stack_color(run, stack), stack, pts, sweep_headline(sweep, stack))
+    rates = [p.rate for pts in points.values() for p in pts]
+    if rates:
+        diagonal = np.geomspace(min(rates), max(rates), 64)
+        ax.plot(diagonal, diagonal, color="0.55", linestyle="--", label="served = offered")
+    if sweep.capacity_rps:
+        ax.axvline(
+            sweep.capacity_rps,
+            color="0.4",
+            linestyle=(0, (1, 3)),
+            label=f"predicted capacity {sweep.capacity_rps:.3g} req/s",
+        )
+    host = _host_bands(ax, points)
+    _rate_axis(ax)
     ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
+    ax.set_ylabel("requests/s (goodput: completed within every SLO)")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout(rect=(0, 0.04 if host else 0, LEGEND_RIGHT, 1))
+    _host_caption(fig, host)
+    return fig
+
+
+def _goodput_curves(ax: Axes, color: str, stack: str, pts: list[RatePoint]) -> None:
+    xs = [p.rate for p in pts]
+    for name, label, style, face in (
+        ("request_goodput", "goodput", "-", color),
+        ("request_throughput", "throughput", "--", "white"),
+    ):
+        values = [p.throughput(name) for p in pts]
+        _errorbars(
+            ax,
+            xs,
+            values,
+            color=color,
+            linestyle=style,
+            marker="o",
+            markerfacecolor=face,
+            label=f"{stack} {label}",
+        )
+        _invalid_points(ax, [(p.rate, getattr(r, name)) for p in pts for r in p.invalid])
+        _saturated_points(
+            ax, [(p.rate, v.value) for p, v in zip(pts, values, strict=True) if p.saturated]
+        )
+
+
+def _mark_max_goodput(
+    ax: Axes, color: str, stack: str, pts: list[RatePoint], headline: dict[str, Interval]
+) -> None:
+    """The stack's max goodput (interval over repeats) as a level, and a star on the rate
+    whose mean goodput is highest."""
+    best = headline["max_goodput"]
+    if best.value is None:
+        ax.plot([], [], " ", label=f"{stack} max goodput: {best.text()}")
+        return
+    ax.axhline(
+        best.value,
+        color=color,
+        linestyle=":",
+        linewidth=1.2,
+        label=f"{stack} max goodput {best.text('.3g', 'req/s')}",
+    )
+    if best.n > 1 and best.low is not None and best.high is not None:
+        ax.axhspan(best.low, best.high, color=color, alpha=0.08, lw=0)
+    means = [(p.throughput("request_goodput").value, p.rate) for p in pts]
+    top = max(((g, r) for g, r in means if g is not None), default=None)
+    if top is not None:
+        ax.scatter(
+            [top[1]],
+            [top[0]],
+            marker="*",
+            s=220,
+            color=color,
+            edgecolors="black",
+            zorder=7,
+            label=BEST_LABEL,
+        )
+
+
+def load_added_latency(run: RunData) -> Figure:
+    """Baseline minus zero-layer E2EL (p50, p99) against offered rate, with the bound and the
+    rate at which the median passes it."""
+    fig, ax = _figure(figsize=(12, 6))
+    sweep = run.sweep
+    if sweep is None:
+        _title(fig, run, "Added latency of the middle layer against offered load")
+        return _empty(fig, NO_SWEEP)
+    _sweep_title(fig, run, sweep, f"Added latency: baseline minus zero-layer E2EL; {BARS}")
+    added = sweep_added_latency(sweep)
+    if not added.by_rate:
+        return _empty(fig, "no offered rate measured validly on both zerolayer and baseline")
+    xs = [d.rate for d in added.by_rate]
+    _errorbars(
+        ax,
+        xs,
+        [d.p50_ms for d in added.by_rate],
+        color="#333333",
+        marker="o",
+        label="E2EL p50 difference",
+    )
+    _errorbars(
+        ax,
+        xs,
+        [d.p99_ms for d in added.by_rate],
+        color="#333333",
+        linestyle="--",
+        marker="s",
+        markerfacecolor="white",
+        label="E2EL p99 difference",
+    )
+    ax.axhline(0.0, color="0.5", linewidth=0.8)
+    ax.axhline(
+        added.bound_ms,
+        color=STACK_COLORS[curves.BASELINE],
+        linestyle="-.",
+        linewidth=1.2,
+        label=f"bound: median {added.bound_ms:g} ms",
+    )
+    _mark_rate(ax, added.rate, STACK_COLORS[curves.BASELINE], "median crosses the bound at")
+    points = {stack: rate_points(sweep, stack) for stack in sweep_stacks(sweep)}
+    lagged = sorted({p.rate for pts in points.values() for p in pts if p.invalid})
+    _invalid_points(ax, [(rate, 0.0) for rate in lagged])
+    host = _host_bands(ax, points)
+    _rate_axis(ax)
+    ax.set_yscale("symlog", linthresh=DIFF_LINTHRESH_MS)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    lows = [i.low for d in added.by_rate for i in (d.p50_ms, d.p99_ms) if i.low is not None]
+    ax.set_ylim(bottom=min([-DIFF_LINTHRESH_MS, *(2 * low for low in lows)]))
+    ax.set_ylabel("baseline - zerolayer (ms, symmetric log scale)")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout(rect=(0, 0.04 if host else 0, LEGEND_RIGHT, 1))
+    _host_caption(fig, host)
     return fig
 
 
@@ -486,23 +831,42 @@ def cpu_by_component(run: RunData) -> Figure:
     return fig
 
 
-PLOTS: dict[str, Callable[[RunData], Figure]] = {
+Draw = Callable[[RunData], Figure]
+
+RUN_PLOTS: dict[str, Draw] = {
     "latency_cdf": latency_cdf,
     "latency_variance": latency_variance,
     "ttft_itl_timeline": ttft_itl_timeline,
     "gpu_fragmentation": gpu_fragmentation,
-    "throughput_vs_load": throughput_vs_load,
     "where_time_goes": where_time_goes,
     "cpu_by_component": cpu_by_component,
 }
+SWEEP_PLOTS: dict[str, Draw] = {
+    "load_latency": load_latency,
+    "load_goodput": load_goodput,
+    "load_added_latency": load_added_latency,
+}
+TELEMETRY_PLOTS: Final = frozenset({"gpu_fragmentation", "cpu_by_component"})
+PLOTS: dict[str, Draw] = {**RUN_PLOTS, **SWEEP_PLOTS}
+
+
+def plots_for(run: RunData) -> dict[str, Draw]:
+    """The figures that have data in this run: a sweep's load curves and its telemetry over
+    time; a plain run's per-profile figures (the load curves would only say "no sweep")."""
+    chosen = dict(SWEEP_PLOTS) if run.sweep is not None else {}
+    for name, draw in RUN_PLOTS.items():
+        if run.sweep is None or run.records or name in TELEMETRY_PLOTS:
+            chosen[name] = draw
+    return chosen
 
 
 def render_all(run: RunData, out_dir: str | Path | None = None, dpi: int = 110) -> list[Path]:
-    """Draw every plot into ``out_dir`` (default ``<run>/plots``) and return the PNG paths."""
+    """Draw every plot that applies to the run (``plots_for``) into ``out_dir`` (default
+    ``<run>/plots``) and return the PNG paths."""
     out = Path(out_dir) if out_dir is not None else run.path / schema.PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, draw in PLOTS.items():
+    for name, draw in plots_for(run).items():
         fig = draw(run)
         path = out / f"{name}.png"
         fig.savefig(path, dpi=dpi)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -172,22 +172,23 @@ def make_result(
     records: Sequence[RequestRecord],
     *,
     duration_s: float | None = None,
-    slos_ms: Mapping[str, float] | None = None,
     lag_fraction: float | None = None,
     extra_reasons: Sequence[str] = (),
     extra: dict[str, Any] | None = None,
     protocol: str = "",
     ttft_is_first_byte: bool = False,
 ) -> LoadResult:
-    """Summarise records (``harness.metrics.summarize``) and add loader-specific invalid reasons.
+    """Summarise records (``harness.metrics.summarize``) and add loader-specific invalid reasons
+    (each one a reason the loader, not the stack, set the figures: ``loader_limited``).
 
     ``lag_fraction`` None keeps the summary's default lag rule."""
     lag = LAG_FRACTION_OF_MEDIAN if lag_fraction is None else lag_fraction
-    summary = summarize(records, duration_s, slos_ms, lag_fraction=lag)
+    summary = summarize(records, duration_s, lag_fraction=lag)
     summary.update(stack=stack, profile=profile, loader=loader)
     if extra_reasons:
         summary["invalid_reasons"] = [*summary["invalid_reasons"], *extra_reasons]
         summary["valid"] = False
+        summary["loader_limited"] = True
     return LoadResult(
         loader,
         stack,

@@ -41,6 +41,7 @@ from harness.loaders.base import (
     wire_protocol,
     write_plan,
 )
+from harness.progress import ProgressStyle, load_phase, report_phase
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
 from zerolayer.wire import contract
@@ -398,13 +399,14 @@ def _run_process(
 class K6Loader:
     """k6 over a whole stack: every replica by the SDK's ring, HTTP/2 where the stack is TLS.
 
-    ``vus`` defaults to the profile's connections.
+    ``vus`` defaults to the profile's connections; its progress shows once, at the end.
     """
 
     name: str = field(default="k6", init=False)
     vus: int | None = None
     grace_s: float = DEFAULT_GRACE_S
     lag_fraction: float | None = None
+    progress: ProgressStyle | None = ProgressStyle.AUTO
 
     def run(
         self,
@@ -414,7 +416,8 @@ class K6Loader:
         records_path: Path,
         workdir: Path,
     ) -> LoadResult:
-        return run_k6(
+        """Drive ``stack`` with ``schedule``; k6 runs quiet, so its progress shows at the end."""
+        result = run_k6(
             schedule,
             replica_routes(schedule, stack),
             stack=str(stack.name),
@@ -430,3 +433,5 @@ class K6Loader:
             trust=tls_trust(stack.urls, stack.tls_ca),
             extra_body=stack.body_fields(),
         )
+        report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)
+        return result

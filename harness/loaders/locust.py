@@ -29,6 +29,7 @@ from harness.loaders.base import (
     replica_routes,
     write_plan,
 )
+from harness.progress import ProgressStyle, load_phase, report_phase
 from harness.schema import RequestRecord, read_requests
 from harness.workload import PlannedRequest
 
@@ -154,13 +155,14 @@ def _every_scheduled(
 class LocustLoader:
     """Locust over a whole stack: HTTP/1.1, every replica by the SDK's ring.
 
-    ``users`` defaults to the profile's connections.
+    ``users`` defaults to the profile's connections; its progress shows once, at the end.
     """
 
     name: str = field(default="locust", init=False)
     users: int | None = None
     grace_s: float = DEFAULT_GRACE_S
     lag_fraction: float | None = None
+    progress: ProgressStyle | None = ProgressStyle.AUTO
 
     def run(
         self,
@@ -184,4 +186,5 @@ class LocustLoader:
             extra_body=stack.body_fields(),
         )
         result.extra["arrival_requested"] = profile.process
+        report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)
         return result

@@ -35,12 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final
 
 import uvloop
 
@@ -54,6 +53,14 @@ from harness.loaders.base import (
     wire_protocol,
 )
 from harness.metrics import LAG_FRACTION_OF_MEDIAN
+from harness.progress import (
+    Phase,
+    PhaseProgress,
+    ProgressStyle,
+    load_phase,
+    offered_rate,
+    phase_progress,
+)
 from harness.schema import JsonlWriter, Outcome, RequestRecord
 from harness.workload import PlannedRequest
 from zerolayer.client import Http1Client, Timing, ZeroLayerClient, ZeroLayerError
@@ -69,6 +76,9 @@ SubmitFn = Callable[[PlannedRequest, RequestRecord, Callable[[RequestRecord], No
 START_DELAY_S = 0.05
 SPIN_S = 0.001
 PROGRESS_EVERY_S = 10.0
+# A refresh waits for room before the next send (``PhaseProgress.room_ns``), at most this long.
+PROGRESS_OVERDUE_NS = 1_000_000_000
+PROGRESS_RETRY_S = 0.002
 BACKSTOP_S = 0.5
 WRITE_EVERY_S = 0.1
 # Inside the last ``spin_s`` the dispatcher naps (``time.sleep`` has microsecond resolution where
@@ -104,8 +114,9 @@ class _Batch:
 class _Records:
     """Every ended request's record: kept for the summary, written to JSONL in batches."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, progress: PhaseProgress | None = None) -> None:
         self.all: list[RequestRecord] = []
+        self.progress = progress
         self._writer = JsonlWriter(path)
         self._batch: list[RequestRecord] = []
         self._written_at = time.monotonic()
@@ -116,6 +127,8 @@ class _Records:
         if rec.outcome == "error" and not rec.error_code:
             rec.error_code = f"http_{rec.http_status}"
         self.all.append(rec)
+        if self.progress is not None:
+            self.progress.ended(rec)
         batch = self._batch
         batch.append(rec)
         if len(batch) >= WRITE_BATCH or time.monotonic() - self._written_at >= WRITE_EVERY_S:
@@ -200,8 +213,8 @@ class _Dispatcher:
     """
 
     __slots__ = ("all_ended", "dispatching", "done_callback", "in_flight", "loader", "loop",
-                 "perf0", "profile", "records", "send", "slack_s", "slots", "spun_ns", "stack",
-                 "start_ns", "submit", "submitted", "wall0")  # fmt: skip
+                 "next_ns", "perf0", "profile", "records", "send", "slack_s", "slots", "spun_ns",
+                 "stack", "start_ns", "submit", "submitted", "wall0")  # fmt: skip
 
     def __init__(
         self,
@@ -224,6 +237,7 @@ class _Dispatcher:
         self.dispatching = True
         self.wall0, self.perf0 = time.time_ns(), time.perf_counter_ns()
         self.start_ns = self.perf0 + int(START_DELAY_S * 1e9)
+        self.next_ns = self.start_ns  # the next send's time: a progress refresh keeps clear of it
         self.spun_ns = 0
         self.done_callback = self.ended  # bound once: submit hands it over per request
 
@@ -237,6 +251,7 @@ class _Dispatcher:
         records, start, dispatch = self.records, self.start_ns, self.dispatch
         for req in schedule:
             target = start + int(req.offset_s * 1e9)
+            self.next_ns = target
             if target - perf() > FLUSH_AHEAD_NS and records.pending:
                 records.flush()
             self.spun_ns += await wait_until(target, spin_ns)
@@ -320,22 +335,33 @@ class _Dispatcher:
         self.records.close()
 
 
-async def _report_progress(
-    run: _Dispatcher, total: int, every_s: float, progress: TextIO | None
-) -> None:
-    """A line every ``every_s`` on a long run: how many ended, failed and are still open."""
+async def _refresh_progress(run: _Dispatcher, progress: PhaseProgress) -> None:
+    """Refresh ``progress`` every ``every_s``, each time where the dispatcher has room before its
+    next send (a bar's redraw takes about a millisecond), or once it is overdue by
+    PROGRESS_OVERDUE_NS: a loader that never has room still shows its progress."""
+    perf = time.perf_counter_ns
     while True:
-        await asyncio.sleep(every_s)
-        done = run.records.all
-        lost = sum(1 for r in done if r.outcome == "lost")
-        errors = sum(1 for r in done if r.outcome == "error")
-        elapsed = (time.perf_counter_ns() - run.start_ns) / 1e9
-        print(
-            f"[{run.loader}] {run.stack}/{run.profile} t={elapsed:.0f}s ended {len(done)}/{total} "
-            f"errors {errors} lost {lost} in flight {run.open_count}",
-            file=progress,
-            flush=True,
-        )
+        await asyncio.sleep(progress.every_s)
+        give_up = perf() + PROGRESS_OVERDUE_NS
+        while run.dispatching and run.next_ns - perf() < progress.room_ns and perf() < give_up:
+            await asyncio.sleep(max(0, run.next_ns - perf()) / 1e9 + PROGRESS_RETRY_S)
+        progress.refresh()
+
+
+def _progress_for(
+    progress: ProgressStyle | PhaseProgress | None,
+    schedule: Sequence[PlannedRequest],
+    label: tuple[str, str, str],
+    every_s: float,
+) -> PhaseProgress | None:
+    """The run's progress: the one given, or one in the given style for this schedule, labelled
+    ``label[0]`` or else ``stack / profile @ rate``."""
+    if progress is None or isinstance(progress, PhaseProgress):
+        return progress
+    given, stack, profile = label
+    rate = offered_rate([r.offset_s for r in schedule])
+    phase = Phase(given or f"{stack} / {profile} @ {rate:.3g} req/s", rate, len(schedule))
+    return phase_progress(progress, phase, lines_every_s=every_s)
 
 
 async def run_schedule(
@@ -348,9 +374,9 @@ async def run_schedule(
     loader: str = "native",
     grace_s: float = DEFAULT_GRACE_S,
     spin_s: float = SPIN_S,
-    progress: TextIO | None = None,
+    progress: ProgressStyle | PhaseProgress | None = None,
     progress_every_s: float = PROGRESS_EVERY_S,
-    slos_ms: Mapping[str, float] | None = None,
+    label: str = "",
     lag_fraction: float = LAG_FRACTION_OF_MEDIAN,
     max_in_flight: int | None = None,
     backstop_s: float = BACKSTOP_S,
@@ -367,19 +393,20 @@ async def run_schedule(
     bounds concurrent requests like wrk2's connection count: a request due while every slot is
     busy waits for one (its wait shows as client queue, sent - intended, and counts against its
     deadline; one that never got a slot ends as error ``not_sent``).
+
+    ``progress``: a style (None is quiet) for a display labelled ``label`` (``stack / profile @
+    rate`` by default), lines every ``progress_every_s``; or a ``PhaseProgress`` of the caller's.
     """
     sender = send if isinstance(send, Sender) else Sender(send)
     slack_s = grace_s + backstop_s
-    run = _Dispatcher(
-        sender, _Records(Path(records_path)), (stack, profile, loader), slack_s, max_in_flight
-    )
+    shown = _progress_for(progress, schedule, (label, stack, profile), progress_every_s)
+    records = _Records(Path(records_path), shown)
+    run = _Dispatcher(sender, records, (stack, profile, loader), slack_s, max_in_flight)
     longest_s = _longest_s(schedule, slack_s)
-    span_s = schedule[len(schedule) - 1].offset_s if len(schedule) else 0.0
-    reporter = None
-    if progress is not None and span_s + longest_s > progress_every_s:
-        reporter = asyncio.create_task(
-            _report_progress(run, len(schedule), progress_every_s, progress)
-        )
+    refresher = None
+    if shown is not None:
+        shown.start(lambda: run.open_count)
+        refresher = asyncio.create_task(_refresh_progress(run, shown))
     with _gc_paused():
         cpu0 = time.process_time_ns()
         try:
@@ -387,16 +414,17 @@ async def run_schedule(
             await run.wait_for_answers(longest_s + 1.0)
         finally:
             cpu_ns = time.process_time_ns() - cpu0
+            if refresher is not None:
+                refresher.cancel()
             await run.close()
-            if reporter is not None:
-                reporter.cancel()
+            if shown is not None:
+                shown.finish()
     return make_result(
         loader,
         stack,
         profile,
         Path(records_path),
         run.records.all,
-        slos_ms=slos_ms,
         lag_fraction=lag_fraction,
         extra={
             "scheduled": len(schedule),
@@ -509,12 +537,13 @@ class NativeLoader:
     """The native loader over a whole stack, its client from ``Stack.open_client``.
 
     ``client_options`` go to ``open_client`` (``grace_ms`` defaults to ``grace_s``); ``None``
-    for ``lag_fraction`` keeps the summary's default rule. The loop is uvloop's, as deployed.
+    for ``lag_fraction`` keeps the summary's default rule; ``progress`` None is quiet. The loop
+    is uvloop's, as deployed.
     """
 
     name: str = field(default="native", init=False)
     grace_s: float = DEFAULT_GRACE_S
-    progress: TextIO | None = sys.stdout
+    progress: ProgressStyle | None = ProgressStyle.AUTO
     lag_fraction: float | None = None
     client_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -545,7 +574,9 @@ class NativeLoader:
                 profile=profile.name,
                 records_path=records,
                 grace_s=self.grace_s,
-                progress=self.progress,
+                progress=phase_progress(
+                    self.progress, load_phase(stack.name, profile, len(schedule))
+                ),
                 lag_fraction=LAG_FRACTION_OF_MEDIAN
                 if self.lag_fraction is None
                 else self.lag_fraction,

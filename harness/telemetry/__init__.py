@@ -5,6 +5,7 @@ so the report can line samples up with requests and faults without guessing.
 """
 
 from harness.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
+from harness.telemetry.host import HostCpu, measure_host_cpu
 from harness.telemetry.nvml import NvmlSource
 from harness.telemetry.process import Component, ProcessSource
 from harness.telemetry.sampler import Availability, PhaseLog, Sampler, Source
@@ -14,10 +15,12 @@ __all__ = [
     "Component",
     "EngineSource",
     "EngineTarget",
+    "HostCpu",
     "NvmlSource",
     "PhaseLog",
     "ProcessSource",
     "Sampler",
     "Source",
+    "measure_host_cpu",
     "parse_prometheus",
 ]

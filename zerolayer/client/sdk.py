@@ -124,6 +124,10 @@ class ZeroLayerClient:
     async def _poll(self, replica: Replica) -> None:
         try:
             conn = await replica.connection(self.tls, self.connect_timeout_s)
+            if not conn.has_slot:
+                # Every stream the replica allows carries one of our requests: it is busy, not
+                # down, and a probe stream would be over its limit. Skip this round.
+                return
             status, body = await conn.get("/health", self.health_timeout_s)
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None

@@ -1,0 +1,517 @@
+"""``zl-bench sweep``: one profile at a series of offered rates on every stack.
+
+Each stack is stood up once and driven at rising rates, ``--repeats`` times per rate (seed
+``s``, ``s + 1``, ...; at a given rate and repeat every stack gets the same seeded schedule).
+The rates are ``--rates``, or by default a geometric grid (steps of ``GRID_STEP``) from the
+lower of a tenth of the capacity preflight's prediction and an eighth of the profile's own rate,
+up to 1.5x the prediction; ``--adaptive`` instead bisects for the highest rate that still meets
+the profile's SLOs, to ``--resolution``. A stack's sweep stops once it is past saturation (queue
+growing, or requests failing; ``harness.metrics.saturation``) or its loader could not keep to the
+schedule, or its goodput has collapsed under the SLOs (``collapsed``): higher rates would measure
+nothing new. Every point is written as it ends, so an
+interrupted sweep keeps what it measured; the headline figures (``harness.curves``) are
+computed at the end of each stack and again from whatever exists when the sweep stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from bench.run import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    RunConfig,
+    RunDir,
+    Telemetry,
+    add_stack_arguments,
+    capacity_preflight,
+    check_external,
+    config_from,
+    drive,
+    load_profiles,
+    loader_nice,
+    render,
+    row_outcome,
+    say,
+    stop_signals,
+    warm,
+)
+from harness import curves, schema
+from harness.capacity import Capacity
+from harness.errors import UsageError
+from harness.metrics import Slo
+from harness.profile import PROFILES, Profile, resolve_name
+from harness.schema import RunEnd, SummaryRow, SweepSection
+from harness.stacks import Stack, StackName, stand_up
+from harness.workload import build_schedule
+
+GRID_STEP: Final = 1.5
+MAX_POINTS: Final = 16
+LOW_OF_CAPACITY: Final = 0.1
+HIGH_OF_CAPACITY: Final = 1.5
+LOW_OF_PROFILE_RATE: Final = 0.125
+UNKNOWN_CAPACITY_SPAN: Final = 16.0
+DEFAULT_RESOLUTION: Final = 0.1
+DEFAULT_ADDED_LATENCY_MS: Final = 50.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What a sweep was asked to do, beside the stacks' settings in ``run``."""
+
+    run: RunConfig
+    profile: str
+    rates: tuple[float, ...] = ()
+    adaptive: bool = False
+    resolution: float = DEFAULT_RESOLUTION
+    repeats: int | None = None
+    added_latency_ms: float = DEFAULT_ADDED_LATENCY_MS
+    point_duration_s: float | None = None
+    max_points: int = MAX_POINTS
+
+
+@dataclass
+class StackSweep:
+    """One stack's progress through the sweep: its points so far and why it stopped."""
+
+    name: str
+    points: list[SummaryRow] = field(default_factory=list)
+    stopped: str = ""
+
+
+def default_rates(
+    profile: Profile, capacity: Capacity, max_points: int = MAX_POINTS
+) -> list[float]:
+    """The grid when no ``--rates`` were given; see the module docstring."""
+    predicted = capacity.requests_per_s
+    if predicted is not None and math.isfinite(predicted) and predicted > 0:
+        low = min(LOW_OF_CAPACITY * predicted, LOW_OF_PROFILE_RATE * profile.rate)
+        high = HIGH_OF_CAPACITY * predicted
+    else:
+        low = LOW_OF_PROFILE_RATE * profile.rate
+        high = UNKNOWN_CAPACITY_SPAN * low
+    count = min(max_points, math.ceil(math.log(high / low) / math.log(GRID_STEP)) + 1)
+    return curves.geometric_rates(low, high, count)
+
+
+def stop_reason(rows: Sequence[SummaryRow]) -> str:
+    """Why a stack's sweep should not go higher after the repeats of one rate ('' to go on):
+    most of them past saturation, or most of them the loader's rather than the stack's."""
+    half = len(rows) / 2
+    limited = [r for r in rows if r.loader_limited]
+    if len(limited) > half:
+        return f"the loader could not keep up at {rows[0].offered_rate:.3g} req/s: " + "; ".join(
+            limited[0].invalid_reasons
+        )
+    saturated = [r for r in rows if r.saturated]
+    if len(saturated) > half:
+        return f"past saturation at {rows[0].offered_rate:.3g} req/s: " + "; ".join(
+            saturated[0].saturation_reasons
+        )
+    return ""
+
+
+def collapsed(points: Sequence[SummaryRow]) -> str:
+    """Why the curve is clearly past its peak ('' if not): the last two rates both missed the
+    SLOs (most repeats) and the last one's goodput is under half the best seen."""
+    rates = sorted({p.offered_rate for p in points})
+    if len(rates) < 2:
+        return ""
+    by_rate = {r: [p for p in points if p.offered_rate == r] for r in rates[-2:]}
+    missed = all(sum(p.slo_met is False for p in rows) > len(rows) / 2 for rows in by_rate.values())
+    usable = [p.request_goodput for p in points if curves.usable(p)]
+    last = [p.request_goodput for p in by_rate[rates[-1]]]
+    best, now = max(usable, default=0.0), sum(last) / len(last)
+    if missed and best > 0 and now < best / 2:
+        return (
+            f"past its peak at {rates[-1]:.3g} req/s: SLOs missed at two rates running and "
+            f"goodput {now:.2f} req/s, under half the best {best:.2f} req/s"
+        )
+    return ""
+
+
+def meets(rows: Sequence[SummaryRow]) -> bool:
+    """Whether a rate held: most repeats measured the stack, within its SLOs, not saturated."""
+    good = [r for r in rows if not r.loader_limited and r.slo_met is not False and not r.saturated]
+    return len(good) > len(rows) / 2
+
+
+class Sweeper:
+    """Runs the points of one stack and keeps the sweep section on disk up to date."""
+
+    def __init__(self, config: SweepConfig, profile: Profile, run: RunDir, tele: Telemetry) -> None:
+        self.config, self.profile, self.run, self.tele = config, profile, run, tele
+        self.base_seed = profile.seed
+
+    def point(self, stack: Stack, state: StackSweep, rate: float) -> list[SummaryRow]:
+        """Every repeat at ``rate``; each row is saved as soon as it is measured."""
+        section = self.run.sweep
+        assert section is not None
+        index = len({p.offered_rate for p in state.points})
+        rows = []
+        for repeat in range(self.profile.sweep_repeats):
+            profile = self.profile.at_rate(rate, seed=self.base_seed + repeat)
+            schedule = build_schedule(profile, run_tag=f"r{repeat}")
+            records = schema.point_file(stack.name, profile.name, rate, repeat)
+            phase = f"{stack.name}/{profile.name}@{rate:g}#{repeat}"
+            self.tele.phases.begin(phase, stack=stack.name, profile=profile.name, rate=rate)
+            try:
+                row = drive(
+                    self.config.run.loader,
+                    self.config.run.quiet,
+                    schedule,
+                    stack,
+                    profile,
+                    self.run.path / records,
+                    self.run.path / "loader" / phase.replace("/", "-"),
+                )
+            finally:
+                self.tele.phases.end()
+            row.repeat, row.point, row.records_file = repeat, index, records
+            rows.append(row)
+            state.points.append(row)
+            section.points.append(row)
+            self.run.save_sweep()
+            say(f"{stack.name} @ {rate:g} req/s (repeat {repeat}): {row_outcome(row)}")
+        return rows
+
+    def grid(self, stack: Stack, state: StackSweep, rates: Sequence[float]) -> None:
+        for rate in rates:
+            state.stopped = stop_reason(self.point(stack, state, rate)) or collapsed(state.points)
+            if state.stopped:
+                say(f"{stack.name}: sweep stopped, {state.stopped}")
+                return
+
+    def adaptive(self, stack: Stack, state: StackSweep, low: float, high: float) -> None:
+        found = curves.bisect_rate(
+            lambda rate: meets(self.point(stack, state, rate)),
+            low,
+            high,
+            self.config.resolution,
+        )
+        state.stopped = _bisection_text(found, self.config.resolution)
+        say(f"{stack.name}: {state.stopped}")
+
+
+def _bisection_text(found: curves.Bisection, resolution: float) -> str:
+    if found.low is None:
+        return f"no rate met the SLOs (lowest tried {found.high:g} req/s)"
+    if found.high is None:
+        return f"every rate tried met the SLOs, up to {found.low:g} req/s"
+    return (
+        f"bisection: {found.low:g} req/s met the SLOs, {found.high:g} did not "
+        f"(resolution {resolution:.0%}, {found.probes} probes)"
+    )
+
+
+def summarise(section: SweepSection, states: Sequence[StackSweep], slos: Sequence[Slo]) -> None:
+    """The headline figures per stack and the added-latency rate, into the section."""
+    for state in states:
+        section.stacks[state.name] = {
+            "stopped": state.stopped,
+            "headline": {k: v.to_dict() for k, v in curves.headline(state.points, slos).items()},
+            "host_saturated_rates": host_saturated_rates(state.points),
+        }
+    section.added_latency = curves.added_latency(
+        section.points, section.added_latency_bound_ms
+    ).to_dict()
+
+
+def host_saturated_rates(points: Sequence[SummaryRow]) -> list[float]:
+    """The rates at which most repeats ran with every core of the host near full."""
+    rates = sorted({p.offered_rate for p in points})
+    return [
+        r
+        for r in rates
+        if sum(p.host_saturated for p in points if p.offered_rate == r)
+        > sum(p.offered_rate == r for p in points) / 2
+    ]
+
+
+def headline_table(section: SweepSection) -> str:
+    """The headline figures as text, one stack per block."""
+    lines = [
+        f"sweep of {section.profile} ({section.mode}, {section.repeats} repeat(s) per rate); "
+        f"SLOs: {', '.join(str(Slo.from_dict(s)) for s in section.slos) or 'none'}"
+    ]
+    for name, data in section.stacks.items():
+        figures = {k: curves.Interval.from_dict(v) for k, v in data["headline"].items()}
+        lines.append(
+            f"{name:<10} max goodput {figures['max_goodput'].text('.2f', 'req/s')}; "
+            f"knee {figures['knee'].text('.2f', 'req/s')}; "
+            f"highest within SLOs {figures['highest_within_slos'].text('.3g', 'req/s')}"
+        )
+        if data.get("stopped"):
+            lines.append(f"{'':<10} stopped: {data['stopped']}")
+        busy = data.get("host_saturated_rates") or []
+        if busy:
+            lines.append(
+                f"{'':<10} host CPU saturated at {', '.join(f'{r:.3g}' for r in busy)} req/s: "
+                "there the latency measures the stacks and the loader fighting for the cores"
+            )
+    added = section.added_latency
+    if added:
+        rate = curves.Interval.from_dict(added["rate"])
+        lines.append(
+            f"baseline's median E2EL passes the zero-layer's + {added['bound_ms']:g} ms at "
+            f"{rate.text('.2f', 'req/s')}"
+        )
+    return "\n".join(lines)
+
+
+def points_table(section: SweepSection) -> str:
+    """Every point as text, stack by stack, in rate order."""
+    head = (
+        f"{'stack':<10} {'rate':>7} {'rep':>3} {'done':>5} {'err':>4} {'lost':>4} "
+        f"{'TTFT p99':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'good/s':>7} {'req/s':>7} "
+        f"{'SLO':>4} {'host%':>5} note"
+    )
+    lines = [head, "-" * len(head)]
+    for name in dict.fromkeys(p.stack for p in section.points):
+        for p in section.stack_points(name):
+            lines.append(
+                f"{p.stack:<10} {p.offered_rate:>7.2f} {p.repeat:>3} {p.completed:>5} "
+                f"{p.errors:>4} {p.lost:>4} {_ms(p.stat('p99_ttft_ms')):>9} "
+                f"{_ms(p.stat('median_e2el_ms')):>9} {_ms(p.stat('p99_e2el_ms')):>9} "
+                f"{p.request_goodput:>7.2f} {p.request_throughput:>7.2f} "
+                f"{_slo_cell(p):>4} {_ms(p.host_cpu_pct, '.0f'):>5} {_note(p)}"
+            )
+    return "\n".join(lines)
+
+
+def _ms(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else f"{value:{spec}}"
+
+
+def _slo_cell(row: SummaryRow) -> str:
+    return "-" if row.slo_met is None else ("yes" if row.slo_met else "NO")
+
+
+def _note(row: SummaryRow) -> str:
+    notes = []
+    if row.loader_limited:
+        notes.append("INVALID (loader lagged)")
+    elif not row.valid:
+        notes.append("invalid: " + "; ".join(row.invalid_reasons))
+    if row.saturated:
+        notes.append("saturated")
+    if row.host_saturated:
+        notes.append("host CPU saturated")
+    return ", ".join(notes)
+
+
+def _rates(config: SweepConfig, profile: Profile, capacity: Capacity) -> list[float]:
+    if config.rates:
+        return sorted(set(config.rates))
+    return default_rates(profile, capacity, config.max_points)
+
+
+def _run_stack(
+    name: StackName, sweeper: Sweeper, rates: Sequence[float], states: list[StackSweep]
+) -> None:
+    config = sweeper.config
+    spec = config.run.spec(name)
+    say(f"standing up {name} ({config.run.engine} engine, {config.run.replicas} replicas)")
+    with stand_up(spec, sweeper.run.path / f"stack-{name}") as stack:
+        sweeper.run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
+        sweeper.run.save()
+        if not stack.external:
+            warm(stack)
+        sweeper.tele.watch(stack)
+        state = StackSweep(name.value)
+        states.append(state)
+        try:
+            if config.adaptive:
+                sweeper.adaptive(stack, state, rates[0], rates[-1])
+            else:
+                sweeper.grid(stack, state, rates)
+        finally:
+            say(f"tearing down {name}")
+            sweeper.tele.unwatch(stack)
+
+
+def _finish(
+    run: RunDir, section: SweepSection, states: list[StackSweep], slos: Sequence[Slo]
+) -> None:
+    summarise(section, states, slos)
+    run.save_sweep()
+    if section.points:
+        print(points_table(section), flush=True)
+        print(headline_table(section), flush=True)
+
+
+def sweep(config: SweepConfig) -> int:
+    """Run the sweep; returns the exit status (130 when interrupted, 143 on SIGTERM)."""
+    profile = load_profiles(config.run)[0]
+    if profile.fault is not None:
+        raise UsageError(f"{profile.name} injects faults; sweep a load profile instead")
+    if config.point_duration_s is not None:
+        profile = replace(profile, sweep_duration_s=config.point_duration_s)
+    if config.repeats is not None:
+        profile = replace(profile, sweep_repeats=config.repeats)
+    check_external(config.run)
+    capacity = capacity_preflight([profile], config.run)[profile.name]
+    rates = _rates(config, profile, capacity)
+    run = RunDir(config.run, kind="sweep")
+    run.meta.loader_nice = loader_nice()
+    run.sweep = SweepSection(
+        profile=profile.name,
+        scale=config.run.scale,
+        mode="adaptive" if config.adaptive else "grid",
+        slos=[s.to_dict() for s in profile.slos],
+        rates=list(rates),
+        repeats=profile.sweep_repeats,
+        resolution=config.resolution if config.adaptive else None,
+        added_latency_bound_ms=config.added_latency_ms,
+        capacity_rps=capacity.requests_per_s,
+    )
+    run.meta.profiles[profile.name] = {**profile.as_dict(), "capacity": capacity.as_dict()}
+    run.save_sweep()
+    run.save()
+    say(f"sweep {run.meta.run_id} -> {run.path}; rates {', '.join(f'{r:g}' for r in rates)}")
+    return _execute(config, profile, rates, run)
+
+
+def _execute(config: SweepConfig, profile: Profile, rates: Sequence[float], run: RunDir) -> int:
+    assert run.sweep is not None
+    states: list[StackSweep] = []
+    tele = Telemetry(run, config.run.telemetry_interval_s)
+    sweeper = Sweeper(config, profile, run, tele)
+    status, terminated = 0, list[int]()
+    started = time.monotonic()
+    try:
+        with stop_signals(terminated):
+            run.meta.telemetry = tele.start()
+            for name in config.run.stacks:
+                _run_stack(name, sweeper, rates, states)
+        run.finish(RunEnd.COMPLETE)
+    except KeyboardInterrupt:
+        end, status = (
+            (RunEnd.SIGTERM, EXIT_TERMINATED) if terminated else (RunEnd.SIGINT, EXIT_INTERRUPTED)
+        )
+        say(f"{'stopped' if terminated else 'interrupted'}: keeping the points measured")
+        run.finish(end, f"{'stopped' if terminated else 'interrupted'} by {end.value.upper()}")
+    except BaseException as exc:
+        run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")
+        _finish(run, run.sweep, states, profile.slos)
+        raise
+    finally:
+        tele.stop()
+    _finish(run, run.sweep, states, profile.slos)
+    say(f"sweep took {time.monotonic() - started:.0f} s")
+    render(run)
+    return status
+
+
+def _rate_list(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates, got {text!r}") from None
+    if not rates or any(not (r > 0 and math.isfinite(r)) for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be positive req/s, got {text!r}")
+    return rates
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _profile(text: str) -> str:
+    try:
+        return resolve_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``zl-bench sweep``'s arguments: the profile and the rates, then those of ``run``."""
+    parser.add_argument(
+        "--profile",
+        type=_profile,
+        default=PROFILES[0],
+        help=f"the load profile to sweep, from {', '.join(p for p in PROFILES if p != 'd_fault')}",
+    )
+    parser.add_argument(
+        "--rates",
+        type=_rate_list,
+        default=(),
+        help="comma-separated offered rates (req/s); default: placed from the capacity preflight",
+    )
+    parser.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="bisect for the highest rate within the SLOs instead of running a grid",
+    )
+    parser.add_argument(
+        "--resolution",
+        type=_fraction,
+        default=DEFAULT_RESOLUTION,
+        help="--adaptive stops when the bracket is this fraction of the rate",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=None,
+        help="runs per rate, seeds seed, seed+1, ... (default: the profile's sweep_repeats at "
+        "the scale: 3, 1 at smoke)",
+    )
+    parser.add_argument(
+        "--added-latency-ms",
+        type=_positive,
+        default=DEFAULT_ADDED_LATENCY_MS,
+        help="report the rate at which the baseline's median E2EL passes the zero-layer's by this",
+    )
+    parser.add_argument(
+        "--point-duration-s",
+        type=_positive,
+        default=None,
+        help="seconds of load per point (default: the profile's sweep_duration_s at the scale)",
+    )
+    add_stack_arguments(parser)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Build the SweepConfig from the command line and sweep."""
+    config = SweepConfig(
+        run=config_from(args, (args.profile,)),
+        profile=args.profile,
+        rates=tuple(args.rates),
+        adaptive=args.adaptive,
+        resolution=args.resolution,
+        repeats=args.repeats,
+        added_latency_ms=args.added_latency_ms,
+        point_duration_s=args.point_duration_s,
+    )
+    return sweep(config)
