@@ -369,7 +369,8 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     )
     records = [rec for path in logs for rec in schema.read_requests(path)]
     row = SummaryRow.from_dict(
-        {"stack": stack.name, "profile": profile.name, "loader": "native"} | summarize(records)
+        {"stack": stack.name, "profile": profile.name, "loader": "native"}
+        | summarize(records, slos=profile.slos)
     )
     row.loader_protocol = "h2" if stack.protocol == "h2" else "http/1.1"
     run.add_summary(row)

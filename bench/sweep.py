@@ -255,7 +255,7 @@ def headline_table(section: SweepSection) -> str:
                 "there the latency measures the stacks and the loader fighting for the cores"
             )
     added = section.added_latency
-    if added:
+    if added and {curves.ZEROLAYER, curves.BASELINE} <= set(section.stacks):
         rate = curves.Interval.from_dict(added["rate"])
         lines.append(
             f"baseline's median E2EL passes the zero-layer's + {added['bound_ms']:g} ms at "

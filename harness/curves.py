@@ -266,7 +266,7 @@ def added_latency(
         RateDelta(rate, interval(v["p50"]), interval(v["p99"]))
         for rate, v in sorted(per_rate.items())
     )
-    note = next((n for n in notes if n), "") if crossings else "no rate run on both stacks"
+    note = next((n for n in notes if n), "") if per_rate else "no rate run on both stacks"
     return AddedLatency(bound_ms, interval(crossings, note, floor=0.0), deltas)
 
 

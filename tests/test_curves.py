@@ -138,3 +138,8 @@ def test_the_added_latency_round_trips_through_its_dict() -> None:
     points = [point("zerolayer", 2), point("baseline", 2), point("zerolayer", 4)]
     added = curves.added_latency(points, bound_ms=50.0)
     assert curves.AddedLatency.from_dict(added.to_dict()) == added
+
+
+def test_the_added_latency_says_when_no_rate_ran_on_both_stacks() -> None:
+    added = curves.added_latency([point("zerolayer", 2), point("zerolayer", 4)], bound_ms=50.0)
+    assert added.rate.value is None and added.rate.note == "no rate run on both stacks"

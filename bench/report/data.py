@@ -203,10 +203,20 @@ def _meta(path: Path, reasons: list[str]) -> schema.RunMeta:
     return meta
 
 
+def _profile_slos(meta: schema.RunMeta, profile: str) -> list[metrics.Slo]:
+    """The SLOs a profile ran with, as run.json recorded them (none for older runs)."""
+    recorded = meta.profiles.get(profile, {}).get("slos") or []
+    return [metrics.Slo.from_dict(s) for s in recorded if isinstance(s, dict)]
+
+
 def _summaries(
-    path: Path, records: dict[tuple[str, str], list[schema.RequestRecord]], reasons: list[str]
+    path: Path,
+    meta: schema.RunMeta,
+    records: dict[tuple[str, str], list[schema.RequestRecord]],
+    reasons: list[str],
 ) -> list[schema.SummaryRow]:
-    """summary.json's rows, plus rows recomputed from records for pairs it lacks."""
+    """summary.json's rows, plus rows recomputed from records (under the SLOs the run recorded)
+    for pairs it lacks."""
     summaries = schema.read_summary(path) if (path / schema.SUMMARY).exists() else []
     if (path / schema.RUN_META).exists() and not (path / schema.SUMMARY).exists():
         reasons.append(f"{schema.SUMMARY} is missing: summaries recomputed from the records")
@@ -215,7 +225,7 @@ def _summaries(
         if (stack, profile) not in have and recs:
             row = schema.SummaryRow.from_dict(
                 {"stack": stack, "profile": profile, "loader": recs[0].loader}
-                | metrics.summarize(recs)
+                | metrics.summarize(recs, slos=_profile_slos(meta, profile))
             )
             row.recomputed = True
             summaries.append(row)
@@ -241,7 +251,7 @@ def load_run(path: str | Path) -> RunData:
     reasons: list[str] = []
     meta = _meta(path, reasons)
     records = _records(path)
-    summaries = _summaries(path, records, reasons)
+    summaries = _summaries(path, meta, records, reasons)
     tele_path, phase_path = path / schema.TELEMETRY, path / schema.PHASES
     telemetry = schema.read_jsonl(tele_path) if tele_path.exists() else []
     phases = schema.read_jsonl(phase_path) if phase_path.exists() else []
