@@ -246,6 +246,7 @@ def _loader_priority() -> Iterator[None]:
     children, so it is raised only around the loader's own run (the stacks are already up) and
     restored afterwards. Without the privilege the run goes on at normal priority and says so.
     """
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, LOADER_NICE)
     except PermissionError:
@@ -254,17 +255,18 @@ def _loader_priority() -> Iterator[None]:
     try:
         yield
     finally:
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def loader_nice() -> int:
     """The niceness the loader will run at: LOADER_NICE where this process may raise its
-    priority, else 0 (the run goes on at normal priority and records so)."""
+    priority, else the niceness it already has (the run goes on and records so)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, LOADER_NICE)
     except PermissionError:
-        return 0
-    os.setpriority(os.PRIO_PROCESS, 0, 0)
+        return before
+    os.setpriority(os.PRIO_PROCESS, 0, before)
     return LOADER_NICE
 
 

@@ -3,7 +3,8 @@
 Each stack is stood up once and driven at rising rates, ``--repeats`` times per rate (seed
 ``s``, ``s + 1``, ...; at a given rate and repeat every stack gets the same seeded schedule).
 The rates are ``--rates``, or by default a geometric grid (steps of ``GRID_STEP``) from the
-lower of a tenth of the capacity preflight's prediction and an eighth of the profile's own rate,
+lower of a tenth of the capacity preflight's prediction and half the profile's own rate (the
+profiles' laptop rates sit below the slower stack's knee on two cores),
 up to 1.5x the prediction; ``--adaptive`` instead bisects for the highest rate that still meets
 the profile's SLOs, to ``--resolution``. A stack's sweep stops once it is past saturation (queue
 growing, or requests failing; ``harness.metrics.saturation``) or its loader could not keep to the
@@ -54,7 +55,7 @@ GRID_STEP: Final = 1.5
 MAX_POINTS: Final = 16
 LOW_OF_CAPACITY: Final = 0.1
 HIGH_OF_CAPACITY: Final = 1.5
-LOW_OF_PROFILE_RATE: Final = 0.125
+LOW_OF_PROFILE_RATE: Final = 0.5
 UNKNOWN_CAPACITY_SPAN: Final = 16.0
 DEFAULT_RESOLUTION: Final = 0.1
 DEFAULT_ADDED_LATENCY_MS: Final = 50.0

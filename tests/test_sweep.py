@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,16 @@ def test_the_default_grid_runs_from_below_the_profiles_rate_to_past_capacity() -
     a = load_profile("a", "laptop")
     capacity = Capacity("sim", 2, 200.0, 25600.0, 256, 580.0, a.rate, a.rate / 200.0, ())
     rates = sweep.default_rates(a, capacity)
-    assert rates[0] == pytest.approx(min(0.1 * 200.0, a.rate / 8), rel=0.01)
+    assert rates[0] == pytest.approx(min(0.1 * 200.0, a.rate / 2), rel=0.01)
     assert rates[-1] == pytest.approx(1.5 * 200.0, rel=0.01)
     steps = [b / a for a, b in itertools.pairwise(rates)]
     assert all(1.2 < s <= sweep.GRID_STEP * 1.01 for s in steps)
     unknown = Capacity.unknown("vllm", 1, a.rate, "no model")
     rates = sweep.default_rates(a, unknown)
-    assert rates[0] == pytest.approx(a.rate / 8) and rates[-1] == pytest.approx(2 * a.rate)
+    assert rates[0] == pytest.approx(a.rate / 2) and rates[-1] == pytest.approx(8 * a.rate)
+    # a span wider than MAX_POINTS steps of GRID_STEP keeps MAX_POINTS rates, spaced wider
+    wide = sweep.default_rates(replace(a, rate=0.01), capacity)
+    assert len(wide) == sweep.MAX_POINTS and wide[-1] == pytest.approx(300.0, rel=0.01)
 
 
 def test_a_stack_stops_past_saturation_or_when_its_loader_lags() -> None:
@@ -138,3 +143,28 @@ def test_a_smoke_sweep_runs_every_rate_and_repeat_on_both_stacks(tmp_path: Path)
         ids_b = [r.request_id for r in schema.read_requests(run / b.records_file)]
         assert ids_a == ids_b
     assert "max goodput" in proc.stdout and (run / schema.REPORT).exists()
+
+
+def test_an_adaptive_sweep_brackets_the_highest_rate_within_the_slos(tmp_path: Path) -> None:
+    """Bisection on the sim engine with one replica allowed 2 sequences (about 3 req/s of A):
+    the bracket it reports holds one rate that met the SLOs and one that did not."""
+    proc = subprocess.run(
+        [
+            *SWEEP,
+            *("--scale", "smoke", "--stacks", "zerolayer", "--replicas", "1", "--adaptive"),
+            *("--engine-option", "max_num_seqs=2", "--rates", "1,16", "--resolution", "0.3"),
+            *("--point-duration-s", "3", "--repeats", "1", "--out", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    section = schema.read_sweep(_run_dir(tmp_path))
+    assert section is not None and section.mode == "adaptive" and section.resolution == 0.3
+    stopped = section.stacks["zerolayer"]["stopped"]
+    assert stopped.startswith("bisection:"), stopped
+    held = {p.offered_rate: sweep.meets([p]) for p in section.points}
+    low, high = (float(x) for x in re.findall(r"([\d.]+) req/s met the SLOs, ([\d.]+)", stopped)[0])
+    assert held[low] and not held[high] and high / low <= 1.3 * 1.01

@@ -243,9 +243,13 @@ def latency_inputs(run: RunData) -> Judged | Unjudged:
 
 
 def _per_repeat(
-    judged: Judged, figure: Callable[[SummaryRow, SummaryRow], float | None]
+    judged: Judged,
+    figure: Callable[[SummaryRow, SummaryRow], float | None],
+    floor: float | None = None,
 ) -> Interval:
-    return interval([figure(zl, base) for zl, base in judged.pairs], "not measured in a repeat")
+    """A figure per repeat, as an interval; ``floor`` for figures that cannot go below it."""
+    values = [figure(zl, base) for zl, base in judged.pairs]
+    return interval(values, "not measured in a repeat", floor=floor)
 
 
 def _median_delta(zl: SummaryRow, base: SummaryRow) -> float | None:
@@ -341,7 +345,7 @@ def tail_latency(run: RunData) -> ClaimResult:
     inputs = latency_inputs(run)
     if isinstance(inputs, Unjudged):
         return ClaimResult("tail_latency", claim, claimed_text, inputs.reason, inputs.status, rule)
-    ratios = {k: _per_repeat(inputs, _ratio(key)) for k, key in TAIL_KEYS.items()}
+    ratios = {k: _per_repeat(inputs, _ratio(key), floor=0.0) for k, key in TAIL_KEYS.items()}
     status = combine([decide(ratios[k], Band(claimed[k] / 2)) for k in claimed])
     zl = [zl for zl, _ in inputs.pairs]
     base = [base for _, base in inputs.pairs]
