@@ -54,6 +54,7 @@ from harness.telemetry import (
     PhaseLog,
     ProcessSource,
     Sampler,
+    cpu_speed,
     measure_host_cpu,
 )
 from harness.workload import Schedule, build_schedule
@@ -139,11 +140,14 @@ def _versions() -> dict[str, str]:
 
 
 def _machine() -> dict[str, Any]:
+    """The host, with one core's speed (``cpu_speed``) as the run starts; the run's end adds
+    ``cpu_speed_end``."""
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
+        "cpu_speed_start": round(cpu_speed()),
     }
 
 
@@ -186,6 +190,7 @@ class RunDir:
     def finish(self, end: RunEnd, detail: str = "") -> None:
         self.meta.end, self.meta.end_detail = end, detail
         self.meta.finished_ns = time.time_ns()
+        self.meta.machine["cpu_speed_end"] = round(cpu_speed())
         self.save()
 
 
@@ -549,6 +554,15 @@ def stop_signals(seen: list[int]) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def host_line(run: RunDir) -> str:
+    """The host in a few words: cores and one core's speed (``cpu_speed``) as the run starts."""
+    machine = run.meta.machine
+    return (
+        f"host: {machine.get('cpus')} CPUs, one core at {machine.get('cpu_speed_start', 0):,} "
+        "SHA-256 digests/s"
+    )
+
+
 def load_profiles(config: RunConfig) -> list[Profile]:
     """The profiles asked for, at the run's scale and seed, with the command line's SLOs over
     each profile's own."""
@@ -570,7 +584,7 @@ def run(config: RunConfig) -> int:
     capacities = capacity_preflight(profiles, config)
     run = RunDir(config)
     run.meta.loader_nice = loader_nice()
-    say(f"run {run.meta.run_id} -> {run.path}")
+    say(f"run {run.meta.run_id} -> {run.path}; {host_line(run)}")
     for profile in profiles:
         run.meta.profiles[profile.name] = {
             **profile.as_dict(),

@@ -34,6 +34,7 @@ from bench.run import (
     check_external,
     config_from,
     drive,
+    host_line,
     load_profiles,
     loader_nice,
     render,
@@ -106,12 +107,12 @@ def stop_reason(rows: Sequence[SummaryRow]) -> str:
     half = len(rows) / 2
     limited = [r for r in rows if r.loader_limited]
     if len(limited) > half:
-        return f"the loader could not keep up at {rows[0].offered_rate:.3g} req/s: " + "; ".join(
+        return f"the loader could not keep up at {rows[0].offered_rate:.4g} req/s: " + "; ".join(
             limited[0].invalid_reasons
         )
     saturated = [r for r in rows if r.saturated]
     if len(saturated) > half:
-        return f"past saturation at {rows[0].offered_rate:.3g} req/s: " + "; ".join(
+        return f"past saturation at {rows[0].offered_rate:.4g} req/s: " + "; ".join(
             saturated[0].saturation_reasons
         )
     return ""
@@ -130,7 +131,7 @@ def collapsed(points: Sequence[SummaryRow]) -> str:
     best, now = max(usable, default=0.0), sum(last) / len(last)
     if missed and best > 0 and now < best / 2:
         return (
-            f"past its peak at {rates[-1]:.3g} req/s: SLOs missed at two rates running and "
+            f"past its peak at {rates[-1]:.4g} req/s: SLOs missed at two rates running and "
             f"goodput {now:.2f} req/s, under half the best {best:.2f} req/s"
         )
     return ""
@@ -245,14 +246,14 @@ def headline_table(section: SweepSection) -> str:
         lines.append(
             f"{name:<10} max goodput {figures['max_goodput'].text('.2f', 'req/s')}; "
             f"knee {figures['knee'].text('.2f', 'req/s')}; "
-            f"highest within SLOs {figures['highest_within_slos'].text('.3g', 'req/s')}"
+            f"highest within SLOs {figures['highest_within_slos'].text('.4g', 'req/s')}"
         )
         if data.get("stopped"):
             lines.append(f"{'':<10} stopped: {data['stopped']}")
         busy = data.get("host_saturated_rates") or []
         if busy:
             lines.append(
-                f"{'':<10} host CPU saturated at {', '.join(f'{r:.3g}' for r in busy)} req/s: "
+                f"{'':<10} host CPU saturated at {', '.join(f'{r:.4g}' for r in busy)} req/s: "
                 "there the latency measures the stacks and the loader fighting for the cores"
             )
     added = section.added_latency
@@ -374,7 +375,8 @@ def sweep(config: SweepConfig) -> int:
     run.meta.profiles[profile.name] = {**profile.as_dict(), "capacity": capacity.as_dict()}
     run.save_sweep()
     run.save()
-    say(f"sweep {run.meta.run_id} -> {run.path}; rates {', '.join(f'{r:g}' for r in rates)}")
+    say(f"sweep {run.meta.run_id} -> {run.path}; {host_line(run)}")
+    say(f"rates {', '.join(f'{r:g}' for r in rates)} req/s, {profile.sweep_repeats} repeat(s) each")
     return _execute(config, profile, rates, run)
 
 

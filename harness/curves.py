@@ -136,13 +136,13 @@ def crossing(curve: Sequence[tuple[float, float]], bound: float) -> tuple[float 
     for rate, y in curve:
         if y > bound:
             if previous is None:
-                return None, f"below the lowest rate measured ({rate:.3g} req/s)"
+                return None, f"below the lowest rate measured ({rate:.4g} req/s)"
             r0, y0 = previous
             if not math.isfinite(y):
                 return r0, ""
             return r0 + (rate - r0) * (bound - y0) / (y - y0), ""
         previous = (rate, y)
-    return None, f"not reached by the highest rate measured ({curve[-1][0]:.3g} req/s)"
+    return None, f"not reached by the highest rate measured ({curve[-1][0]:.4g} req/s)"
 
 
 def max_goodput(points: Sequence[SummaryRow]) -> Interval:

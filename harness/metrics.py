@@ -50,6 +50,7 @@ DEFAULT_SLO_PERCENTILE: Final = 99.0
 FAILED_FRACTION_LIMIT: Final = 0.05
 SERVED_FRACTION_LIMIT: Final = 0.8
 LAG_LIMIT_MS: Final = 1.0
+LAG_FLOOR_MS: Final = 0.1
 LAG_FRACTION_OF_MEDIAN: Final = 0.01
 HDR_LOWEST_US: Final = 1
 HDR_HIGHEST_US: Final = 3_600_000_000
@@ -240,14 +241,15 @@ def lag_reason(
     The loader lagged when its p99 scheduling lag exceeds ``lag_fraction`` of the median E2E
     latency: its own error (a starved loader is as late to read an answer as to send) is then
     more than that share of what it measures. A millisecond or two of lag on a 600 ms request is
-    noise; on a 20 ms one it is not. Where that rule is off (``lag_fraction`` 0: a null-engine run
-    answers in well under a millisecond) or nothing completed, the absolute ``lag_limit_ms``
-    applies instead.
+    noise; on a 20 ms one it is not. Lag under ``LAG_FLOOR_MS`` (the loader's own timing
+    precision: it spins for the last stretch before each send) never counts, so that a null
+    engine's sub-millisecond answers can be measured at all. Where that rule is off
+    (``lag_fraction`` 0) or nothing completed, the absolute ``lag_limit_ms`` applies instead.
     """
     lag = stats.get("p99_lag_ms") or 0.0
     median = stats.get("median_e2el_ms") or 0.0
     if lag_fraction > 0 and median > 0:
-        if lag > lag_fraction * median:
+        if lag > max(LAG_FLOOR_MS, lag_fraction * median):
             return (
                 f"loader lagged: p99 scheduling lag {lag:.3f} ms > {lag_fraction:.0%} of median "
                 f"E2EL {median:.2f} ms"

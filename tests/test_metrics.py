@@ -137,6 +137,9 @@ def test_validity_rules() -> None:
     assert "1% of median" in validity({"p99_lag_ms": 6.5, "median_e2el_ms": 600.0}, lost=0)[0]
     # ...but 0.5 ms of lag is more than 1 % of a 20 ms median latency...
     assert validity({"p99_lag_ms": 0.5, "median_e2el_ms": 20.0}, lost=0)
+    # ...and lag within the loader's own precision never counts, even on a 1 ms answer
+    assert validity({"p99_lag_ms": 0.05, "median_e2el_ms": 0.9}, lost=0) == []
+    assert validity({"p99_lag_ms": 0.2, "median_e2el_ms": 0.9}, lost=0)
     # ...unless that rule is off, as for a null engine's sub-millisecond answers, where the
     # absolute limit applies, as it does when nothing completed.
     assert validity({"p99_lag_ms": 0.5, "median_e2el_ms": 20.0}, lost=0, lag_fraction=0) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import http.server
 import itertools
 import os
@@ -26,6 +27,7 @@ from harness.telemetry import (
     PhaseLog,
     ProcessSource,
     Sampler,
+    host,
     parse_prometheus,
 )
 from harness.telemetry.engine import stats_row
@@ -284,3 +286,21 @@ def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:
     assert row["kv_blocks_used"] == 3 and row["live_tokens"] == 40
     assert row["kv_usage"] == pytest.approx(3 / 64)
     assert row["kv_waste"] == pytest.approx(1 - 40 / 48)
+
+
+def test_two_runs_on_hosts_of_different_speed_say_so() -> None:
+    fast = {"cpu_speed_start": 900_000, "cpu_speed_end": 880_000}
+    slow = {"cpu_speed_start": 640_000, "cpu_speed_end": 700_000}
+    note = host.speed_note(fast, slow)
+    assert "A 880,000, B 640,000 digests/s per core (-27%)" in note
+    assert host.speed_note(fast, {"cpu_speed_start": 800_000}) == ""  # within 25 %
+    assert host.speed_note(fast, {}) == ""  # an older run without the probe
+    assert host.cpu_speed(duration_s=0.01, probes=2) > 0
+
+
+def test_host_busy_share_counts_all_but_idle_and_iowait() -> None:
+    Times = collections.namedtuple("Times", "user nice system idle iowait steal guest")
+    before = Times(10, 0, 5, 80, 5, 0, 3)
+    after = Times(40, 0, 15, 110, 15, 20, 9)  # 30 user + 10 system + 20 steal busy, 40 idle
+    assert host.busy_pct(before, after) == pytest.approx(60.0)
+    assert host.HostCpu(91.0, 100.0, 2).saturated and not host.HostCpu(89.0, 100.0, 2).saturated

@@ -57,6 +57,7 @@ from bench.report.compare_sweep import (
 from bench.report.data import RunData, load_run
 from harness import metrics, schema
 from harness.errors import UsageError
+from harness.telemetry.host import speed_note
 
 __all__ = [
     "ADDED_LATENCY_RATE",
@@ -371,6 +372,9 @@ def compare_runs(
     if a.path.resolve() == b.path.resolve():
         result.notes.append("A and B are the same run: every difference is 0 by construction")
     result.notes += _invalid_notes(a, "A") + _invalid_notes(b, "B")
+    speed = speed_note(a.meta.machine, b.meta.machine)
+    if speed:
+        result.notes.append(speed)
     for key in sorted(set(a.records) | set(b.records)):
         ra, rb = a.records.get(key, []), b.records.get(key, [])
         if not ra or not rb:

@@ -5,7 +5,7 @@ so the report can line samples up with requests and faults without guessing.
 """
 
 from harness.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
-from harness.telemetry.host import HostCpu, measure_host_cpu
+from harness.telemetry.host import HostCpu, cpu_speed, measure_host_cpu, speed_note
 from harness.telemetry.nvml import NvmlSource
 from harness.telemetry.process import Component, ProcessSource
 from harness.telemetry.sampler import Availability, PhaseLog, Sampler, Source
@@ -21,6 +21,8 @@ __all__ = [
     "ProcessSource",
     "Sampler",
     "Source",
+    "cpu_speed",
     "measure_host_cpu",
     "parse_prometheus",
+    "speed_note",
 ]
