@@ -58,6 +58,7 @@ from harness.telemetry import (
     measure_host_cpu,
 )
 from harness.workload import Schedule, build_schedule
+from zerolayer.cliargs import positive_int
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
 
@@ -638,16 +639,6 @@ def _stacks(text: str) -> tuple[StackName, ...]:
     return tuple(dict.fromkeys(StackName(n) for n in names))
 
 
-def _replicas(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of replicas >= 1, got {text!r}")
-    return value
-
-
 def check_url(text: str) -> str:
     """An http(s) URL with a host and, if given, a port in 1-65535; the text without a
     trailing slash. Raises argparse.ArgumentTypeError naming what is wrong."""
@@ -688,7 +679,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine", choices=ENGINES, default="sim", help="engine of every replica")
     add_engine_option(parser)
-    parser.add_argument("--replicas", type=_replicas, default=2, help="engine replicas per stack")
+    parser.add_argument(
+        "--replicas", type=positive_int, default=2, help="engine replicas per stack"
+    )
     parser.add_argument("--loader", choices=tuple(LOADERS), default="native", help="load tool")
     parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
     parser.add_argument("--seed", type=int, help="override every profile's seed")

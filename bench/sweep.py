@@ -51,6 +51,7 @@ from harness.profile import PROFILES, Profile, resolve_name
 from harness.schema import RunEnd, SummaryRow, SweepSection
 from harness.stacks import Stack, StackName, stand_up
 from harness.workload import build_schedule
+from zerolayer.cliargs import open_fraction, positive_float, positive_int
 
 GRID_STEP: Final = 1.5
 MAX_POINTS: Final = 16
@@ -421,36 +422,6 @@ def _rate_list(text: str) -> tuple[float, ...]:
     return rates
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _profile(text: str) -> str:
     try:
         return resolve_name(text)
@@ -479,26 +450,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--resolution",
-        type=_fraction,
+        type=open_fraction,
         default=DEFAULT_RESOLUTION,
         help="--adaptive stops when the bracket is this fraction of the rate",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="runs per rate, seeds seed, seed+1, ... (default: the profile's sweep_repeats at "
         "the scale: 3, 1 at smoke)",
     )
     parser.add_argument(
         "--added-latency-ms",
-        type=_positive,
+        type=positive_float,
         default=DEFAULT_ADDED_LATENCY_MS,
         help="report the rate at which the baseline's median E2EL passes the zero-layer's by this",
     )
     parser.add_argument(
         "--point-duration-s",
-        type=_positive,
+        type=positive_float,
         default=None,
         help="seconds of load per point (default: the profile's sweep_duration_s at the scale)",
     )

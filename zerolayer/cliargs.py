@@ -1,4 +1,4 @@
-"""Command-line pieces shared by ``zl-replica`` and ``zl-baseline``.
+"""Command-line pieces shared by every command line (``zl-replica``, ``zl-baseline``, ``zl-bench``).
 
 A user's mistake on a command line gets one ``PROG: error: ...`` line and exit status 2, never a
 usage dump or a traceback; help shows every default.
@@ -7,6 +7,7 @@ usage dump or a traceback; help shows every default.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -63,6 +64,20 @@ def positive_int(text: str) -> int:
     value = _parse(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _parse(text, float, "a number")
+    if not (value > 0 and math.isfinite(value)):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    value = _parse(text, float, "a number")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text}")
     return value
 
 
