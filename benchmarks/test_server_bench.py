@@ -22,6 +22,7 @@ from zerolayer.client.wire import prepare
 from zerolayer.engine import make_engine
 from zerolayer.server.core import Replica
 from zerolayer.server.h2proto import H2Handler
+from zerolayer.server.limits import Limits
 from zerolayer.wire.hpackdec import FastDecoder
 from zerolayer.wire.hpackenc import LiteralEncoder
 
@@ -70,7 +71,7 @@ def _request_block(i: int) -> list[tuple[bytes, bytes]]:
 
 def test_replica_request_path(benchmark) -> None:
     async def main() -> int:
-        replica = Replica(make_engine("null"), name="bench", keepalive_s=0)
+        replica = Replica(make_engine("null"), name="bench", limits=Limits(keepalive_s=0))
         transport = _Transport()
         handler = H2Handler(replica, transport)  # type: ignore[arg-type]
         client = _client()

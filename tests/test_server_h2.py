@@ -12,6 +12,7 @@ from zerolayer.engine import NullEngine, SimConfig, SimEngine
 from zerolayer.engine.tokens import detokenize, token_ids
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server import start_replica
+from zerolayer.server.limits import Limits
 from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 NO_ERROR = 0
@@ -304,7 +305,7 @@ async def test_kv_watermark_refuses_low_before_normal() -> None:
 
 @run
 async def test_ping_is_answered_and_keepalive_pings_the_client() -> None:
-    async with await start_replica(NullEngine(), keepalive_s=0.05) as replica:
+    async with await start_replica(NullEngine(), limits=Limits(keepalive_s=0.05)) as replica:
         client = await H2Client.connect("127.0.0.1", replica.port)
         client.ping()
         for _ in range(200):

@@ -10,8 +10,10 @@ import ssl
 from zerolayer.accounting import Accounting
 from zerolayer.engine.types import Engine
 from zerolayer.scheduler import SchedulerConfig
+from zerolayer.server.auth import Authenticator
 from zerolayer.server.connection import ReplicaProtocol
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
+from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 
 DRAIN_TIMEOUT_S = 30.0
 
@@ -93,7 +95,8 @@ async def start_replica(
     accounting_path: str | os.PathLike[str] | None = None,
     scheduler_config: SchedulerConfig | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    keepalive_s: float = 20.0,
+    limits: Limits = DEFAULT_LIMITS,
+    auth: Authenticator | None = None,
     accounting_flush_s: float = 1.0,
     backlog: int = 1024,
 ) -> ReplicaHandle:
@@ -112,7 +115,8 @@ async def start_replica(
         config=scheduler_config,
         max_body_bytes=max_body_bytes,
         accounting=accounting,
-        keepalive_s=keepalive_s,
+        limits=limits,
+        auth=auth,
     )
     protocols: set[ReplicaProtocol] = set()
     loop = asyncio.get_running_loop()

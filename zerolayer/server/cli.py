@@ -33,6 +33,7 @@ from zerolayer.engine import ENGINES, Engine, make_engine
 from zerolayer.engine.options import add_engine_option, validate_engine_options
 from zerolayer.server.app import DRAIN_TIMEOUT_S, ReplicaHandle, start_replica, tls_context
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES
+from zerolayer.server.limits import DEFAULT_LIMITS, parse_limit
 
 PROG = "zl-replica"
 log = logging.getLogger("zerolayer.server")
@@ -69,7 +70,13 @@ def parser() -> argparse.ArgumentParser:
         help="larger request bodies are refused with payload_too_large",
     )
     p.add_argument(
-        "--keepalive-s", type=non_negative_float, default=20.0, help="HTTP/2 PING interval; 0: off"
+        "--limit",
+        dest="limits",
+        metavar="NAME=VALUE",
+        type=_limit,
+        action="append",
+        default=[],
+        help="override one of the replica's limits (repeatable; the table: docs/limits.md)",
     )
     p.add_argument(
         "--drain-timeout-s",
@@ -83,6 +90,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _limit(text: str) -> tuple[str, str]:
+    try:
+        return parse_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def check(args: argparse.Namespace) -> None:
     """Checks that need more than one argument, or a file's contents; StartupError if one fails.
 
@@ -90,6 +104,10 @@ def check(args: argparse.Namespace) -> None:
     """
     try:
         args.engine_options = validate_engine_options(args.engine, dict(args.engine_options))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        args.limits = DEFAULT_LIMITS.with_overrides(dict(args.limits))
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -120,7 +138,7 @@ async def _start(args: argparse.Namespace) -> tuple[Engine, ReplicaHandle]:
             name=args.name,
             accounting_path=args.accounting,
             max_body_bytes=args.max_body_bytes,
-            keepalive_s=args.keepalive_s,
+            limits=args.limits,
         )
     except OSError as exc:
         await engine.close()

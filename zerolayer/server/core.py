@@ -42,7 +42,9 @@ from zerolayer.scheduler import (
     engine_has_room,
 )
 from zerolayer.server import status
+from zerolayer.server.auth import Authenticator
 from zerolayer.server.eager import start_eager
+from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 from zerolayer.wire import contract, openai
 from zerolayer.wire.contract import (
     BAD_REQUEST,
@@ -311,7 +313,8 @@ class Replica:
         config: SchedulerConfig | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         accounting: Accounting | None = None,
-        keepalive_s: float = 20.0,
+        limits: Limits = DEFAULT_LIMITS,
+        auth: Authenticator | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -319,7 +322,10 @@ class Replica:
         self.config = config or SchedulerConfig.for_engine(engine)
         self.max_body_bytes = max_body_bytes
         self.accounting = accounting or Accounting(replica=name)
-        self.keepalive_s = keepalive_s
+        self.limits = limits
+        self.keepalive_s = limits.keepalive_s
+        # None: every request is trusted as sent (local benchmarking); see server/auth.py.
+        self.auth = auth
         self.loop = asyncio.get_running_loop()
         self.queue: AdmissionQueue[Call] = AdmissionQueue()
         self.draining = False
@@ -346,16 +352,22 @@ class Replica:
     # -- requests -----------------------------------------------------------------------------
 
     def on_request(
-        self, sink: Sink, headers: list[tuple[bytes, bytes]], body_follows: bool
+        self,
+        sink: Sink,
+        headers: list[tuple[bytes, bytes]],
+        body_follows: bool,
+        identity: str | None = None,
     ) -> Call | None:
         """Route one request from its headers; a Call when a body is to be read, else None.
 
-        ``headers`` holds the pseudo-headers (``:method``, ``:path``) and the regular ones.
+        ``headers`` holds the pseudo-headers (``:method``, ``:path``) and the regular ones;
+        ``identity`` is the tenant a verified client certificate names (mutual TLS), if any.
         """
         method = path = b""
         content_length = -1
         zl: list[tuple[bytes, bytes]] = []
         request_id: bytes | None = None
+        authorization: bytes | None = None
         for name, value in headers:
             if name[0] == 58:  # b":"
                 if name == b":method":
@@ -369,6 +381,8 @@ class Replica:
                     zl.append((name, value))
             elif name == b"content-length":
                 content_length = int(value) if value.isdigit() else -2
+            elif name == b"authorization":
+                authorization = value
         route = ROUTES.get(path)
         if route is None and b"?" in path:
             route = ROUTES.get(path.split(b"?", 1)[0])
@@ -399,6 +413,8 @@ class Replica:
             return None
         try:
             meta = _request_meta(tuple(zl))
+            if self.auth is not None:
+                meta = self.auth.authorize(meta, authorization, identity)
         except ContractError as exc:
             self._refuse(sink, exc.error, exc.message, rid)
             return None

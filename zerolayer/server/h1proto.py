@@ -92,9 +92,12 @@ class H1Exchange:
 class H1Handler:
     """One HTTP/1.1 connection."""
 
-    def __init__(self, replica: Replica, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, replica: Replica, transport: asyncio.Transport, identity: str | None = None
+    ) -> None:
         self.replica = replica
         self.transport = transport
+        self.identity = identity
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.exchange: H1Exchange | None = None
         self._closed = False
@@ -143,7 +146,7 @@ class H1Handler:
             headers.append((name, value))
         exchange = H1Exchange(self, not body_follows)
         self.exchange = exchange
-        exchange.call = self.replica.on_request(exchange, headers, body_follows)
+        exchange.call = self.replica.on_request(exchange, headers, body_follows, self.identity)
 
     def _bad_request(self, exc: Exception) -> None:
         if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):

@@ -127,9 +127,12 @@ class H2Stream:
 class H2Handler:
     """One HTTP/2 connection: h2's state machine between the transport and the replica."""
 
-    def __init__(self, replica: Replica, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, replica: Replica, transport: asyncio.Transport, identity: str | None = None
+    ) -> None:
         self.replica = replica
         self.transport = transport
+        self.identity = identity
         self.loop = replica.loop
         conn = H2State(config=CONFIG)
         conn.local_settings = h2.settings.Settings(
@@ -226,7 +229,7 @@ class H2Handler:
         ended = event.stream_ended is not None
         stream.remote_ended = ended
         try:
-            stream.call = self.replica.on_request(stream, event.headers, not ended)
+            stream.call = self.replica.on_request(stream, event.headers, not ended, self.identity)
         except Exception:  # a bug handling one request must not take the connection down
             log.exception("failed to handle a request on stream %d", sid)
             self.reset(stream, ErrorCodes.INTERNAL_ERROR)
