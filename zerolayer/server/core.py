@@ -7,7 +7,10 @@ headers, and then the body as it arrives; everything after that talks to the sin
   finished also tells the client to stop uploading (HTTP/2: RST_STREAM(NO_ERROR) after it);
 - ``start(status, headers)``, ``write(data)``, ``end(data)``: a streamed response;
 - ``cancel()``: abandon the response now (HTTP/2: RST_STREAM(CANCEL));
-- ``open_window(n)``: let the client upload ``n`` more body bytes (HTTP/2 flow control).
+- ``open_window(n)``: let the client upload ``n`` more body bytes (HTTP/2 flow control);
+- ``writable()``: backpressure. While a client does not read, its response waits in a bounded
+  buffer and the replica stops pulling tokens from the engine for it; after the limits'
+  ``send_stall_s`` with no progress the stream is reset and the engine request aborted.
 
 Admission is decided on the headers: when ``zl-prompt-tokens`` and ``zl-max-tokens`` are there,
 the scheduler decides completely before a byte of body is read; without them it refuses on the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from enum import Enum
@@ -53,8 +57,10 @@ from zerolayer.wire.contract import (
     ENGINE_DOWN,
     ERRORS,
     METHOD_NOT_ALLOWED,
+    MODEL_NOT_FOUND,
     NOT_FOUND,
     PAYLOAD_TOO_LARGE,
+    SEND_STALLED,
     ContractError,
     ErrorCode,
     RequestMeta,
@@ -107,6 +113,10 @@ class Sink(Protocol):
     def end(self, data: bytes) -> None: ...
     def cancel(self) -> None: ...
     def open_window(self, size: int) -> None: ...
+    def writable(self) -> asyncio.Future[None] | None:
+        """None while the response's unsent output is under its bound; else a future that is
+        done once the client has read it back under (or the stream is gone)."""
+        ...
 
 
 @lru_cache(maxsize=4096)
@@ -186,6 +196,9 @@ class Call:
             body = openai.parse_body(self.kind, raw, meta)
         except ContractError as exc:
             self.refuse(exc.error, exc.message)
+            return
+        if body.model and body.model not in replica.models:
+            self.refuse(MODEL_NOT_FOUND, f"the model {body.model!r} is not served here")
             return
         if replica.count_tokens is not None:
             body.prompt_tokens = replica.count_tokens(body.prompt) or body.prompt_tokens
@@ -279,6 +292,16 @@ class Call:
             self.stop()
             self.finish(CANCELLED)
 
+    def stall(self) -> None:
+        """The client read nothing for ``send_stall_s``: abort the engine request, reset the
+        stream, account it as ``send_stalled``."""
+        if self.state is DONE:
+            return
+        self.stop()
+        self.sink.cancel()
+        self.replica.failures[SEND_STALLED.code] += 1
+        self.finish(ERROR, SEND_STALLED.code)
+
     def stop(self) -> None:
         """Leave the queue or stop the engine run (the engine request is aborted)."""
         replica = self.replica
@@ -300,6 +323,16 @@ class Call:
             self.timer.cancel()
             self.timer = None
         self.replica.finished(self, outcome, error)
+
+
+def served_models(engine: Engine, listed: str) -> frozenset[str]:
+    """The model names a request may give: the one ``/v1/models`` lists, the engine's name, and
+    for an engine loaded from a directory that path and its last component (as vLLM serves)."""
+    names = {listed, engine.name}
+    path = getattr(getattr(engine, "config", None), "model", None)
+    if isinstance(path, str | os.PathLike) and str(path):
+        names |= {str(path), os.path.basename(os.path.normpath(str(path)))}
+    return frozenset(names)
 
 
 class Replica:
@@ -344,6 +377,7 @@ class Replica:
         self.generation_tokens_total = 0
         self.connections = 0
         self._models_body = openai.models_body(self.model)
+        self.models = served_models(engine, self.model)
         self.block_size = engine.stats().block_size or 1
         # An engine with its own tokenizer counts prompt tokens itself (see TokenCounter);
         # None keeps the wire's four-bytes-a-token rule, with no call on the sim's hot path.
@@ -406,6 +440,10 @@ class Replica:
         if kind == "models":
             body = self._models_body
             sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
+            return None
+        if request_id is not None and len(request_id) > self.limits.max_request_id_bytes:
+            limit = self.limits.max_request_id_bytes
+            self._refuse(sink, BAD_REQUEST, f"{contract.REQUEST_ID} is longer than {limit} bytes")
             return None
         rid = request_id.decode("latin-1") if request_id else f"{self.name}-{next(self._ids)}"
         if self.draining:
@@ -542,6 +580,9 @@ class Replica:
                 call.on_chunk(chunk)
                 if queue:
                     self.pump()
+                waiter = call.sink.writable()
+                if waiter is not None and not await self._drained(call, waiter):
+                    return
             if call.state is RUNNING:
                 call.fail(ENGINE_DOWN, "the engine ended the stream without a finish reason")
         except asyncio.CancelledError:
@@ -551,6 +592,17 @@ class Replica:
         except Exception as exc:  # an engine bug must not take the connection down
             log.exception("engine failed on %s", call.request_id)
             call.fail(ENGINE_DOWN, f"engine error: {exc}")
+
+    async def _drained(self, call: Call, waiter: asyncio.Future[None]) -> bool:
+        """Wait (without pulling more tokens) until the client reads the call's output back
+        under its bound; False, with the stream reset and the engine request aborted, when it
+        reads nothing for ``send_stall_s`` or the call ended meanwhile."""
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.limits.send_stall_s)
+        except TimeoutError:
+            call.stall()
+            return False
+        return call.state is RUNNING
 
     def finished(self, call: Call, outcome: str, error: str | None) -> None:
         """Count and account a call that ended; tokens are those the client was sent."""

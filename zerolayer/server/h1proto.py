@@ -81,6 +81,10 @@ class H1Exchange:
         self.local_ended = True
         self.conn.close()
 
+    def writable(self) -> asyncio.Future[None] | None:
+        """Backpressure (see ``core.Sink``)."""
+        return None
+
     def open_window(self, size: int) -> None:
         """Admitted: a client waiting for ``100 Continue`` may upload now (no other flow
         control in HTTP/1.1 than TCP's)."""

@@ -118,6 +118,10 @@ class H2Stream:
             conn.reset(self, ErrorCodes.CANCEL)
         conn.mark_dirty()
 
+    def writable(self) -> asyncio.Future[None] | None:
+        """Backpressure (see ``core.Sink``)."""
+        return None
+
     def open_window(self, size: int) -> None:
         increment = size - STREAM_WINDOW
         if increment > 0 and not self.remote_ended:

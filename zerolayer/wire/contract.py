@@ -68,6 +68,11 @@ BUDGET_EXCEEDED: Final = ErrorCode("budget_exceeded", 429, True)
 ENGINE_DOWN: Final = ErrorCode("engine_down", 503, True)
 DRAINING: Final = ErrorCode("draining", 503, True)
 UPSTREAM_FAILED: Final = ErrorCode("upstream_failed", 502, False)
+# The model the request names is not one this replica serves (vLLM answers 404 too).
+MODEL_NOT_FOUND: Final = ErrorCode("model_not_found", 404, False)
+# The client read nothing of its response for the replica's send_stall_s: the stream is reset and
+# the engine request aborted. Only ever seen in accounting (the client is not reading).
+SEND_STALLED: Final = ErrorCode("send_stalled", 408, False)
 
 ERRORS: Final[Mapping[str, ErrorCode]] = {
     e.code: e
@@ -84,6 +89,8 @@ ERRORS: Final[Mapping[str, ErrorCode]] = {
         ENGINE_DOWN,
         DRAINING,
         UPSTREAM_FAILED,
+        MODEL_NOT_FOUND,
+        SEND_STALLED,
     )
 }
 
