@@ -15,3 +15,8 @@ class Authenticator:
         self, meta: RequestMeta, authorization: bytes | None, identity: str | None
     ) -> RequestMeta:
         raise NotImplementedError
+
+
+def certificate_tenant(certificate: dict[str, object]) -> str | None:
+    """The tenant a verified client certificate names (``ssl.SSLObject.getpeercert()``)."""
+    raise NotImplementedError

@@ -73,6 +73,17 @@ MODEL_NOT_FOUND: Final = ErrorCode("model_not_found", 404, False)
 # The client read nothing of its response for the replica's send_stall_s: the stream is reset and
 # the engine request aborted. Only ever seen in accounting (the client is not reading).
 SEND_STALLED: Final = ErrorCode("send_stalled", 408, False)
+# A request whose headers or body did not arrive within the replica's timeouts.
+REQUEST_TIMEOUT: Final = ErrorCode("request_timeout", 408, False)
+# A header block (or a zl-request-id) over the replica's limits.
+HEADERS_TOO_LARGE: Final = ErrorCode("headers_too_large", 431, False)
+# The connection's memory budget (bodies in progress, unread output) is spent; retry elsewhere.
+OVERLOADED: Final = ErrorCode("overloaded", 503, True)
+# Authentication (server/auth.py): no or an unknown API key; a zl-tenant other than the key's; a
+# zl-priority above what the key allows.
+UNAUTHORIZED: Final = ErrorCode("unauthorized", 401, False)
+TENANT_MISMATCH: Final = ErrorCode("tenant_mismatch", 403, False)
+PRIORITY_NOT_ALLOWED: Final = ErrorCode("priority_not_allowed", 403, False)
 
 ERRORS: Final[Mapping[str, ErrorCode]] = {
     e.code: e
@@ -91,6 +102,12 @@ ERRORS: Final[Mapping[str, ErrorCode]] = {
         UPSTREAM_FAILED,
         MODEL_NOT_FOUND,
         SEND_STALLED,
+        REQUEST_TIMEOUT,
+        HEADERS_TOO_LARGE,
+        OVERLOADED,
+        UNAUTHORIZED,
+        TENANT_MISMATCH,
+        PRIORITY_NOT_ALLOWED,
     )
 }
 
