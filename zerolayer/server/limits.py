@@ -195,3 +195,11 @@ def table() -> list[tuple[str, Any, str, str]]:
         (f.name, f.default, f.metadata["doc"], f.metadata["precedent"])
         for f in dataclasses.fields(Limits)
     ]
+
+
+def markdown_table() -> str:
+    """The table in ``docs/limits.md`` (a test keeps the file equal to this)."""
+    lines = ["| limit | default | what it bounds | precedent |", "|---|---|---|---|"]
+    for name, default, doc, precedent in table():
+        lines.append(f"| `{name}` | {default:,} | {doc} | {precedent} |")
+    return "\n".join(lines) + "\n"
