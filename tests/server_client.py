@@ -116,7 +116,8 @@ class H2Client:
             },
         )
         conn.initiate_connection()
-        conn.increment_flow_control_window(window)
+        if window:  # 0: a client that reads nothing until it opens a stream's window
+            conn.increment_flow_control_window(window)
         self.flush()
         self._task = asyncio.get_running_loop().create_task(self._read())
         await asyncio.wait_for(self.settings_acked.wait(), 5)

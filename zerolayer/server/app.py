@@ -7,20 +7,31 @@ import contextlib
 import os
 import ssl
 
-from zerolayer.accounting import Accounting
+from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, Accounting, FsyncPolicy
 from zerolayer.engine.types import Engine
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server.auth import Authenticator
-from zerolayer.server.connection import ReplicaProtocol
+from zerolayer.server.connection import Connections, ReplicaProtocol
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
 from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 
 DRAIN_TIMEOUT_S = 30.0
 
 
-def tls_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]) -> ssl.SSLContext:
-    """A server TLS context offering ALPN ``h2`` then ``http/1.1``."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def tls_context(
+    cert: str | os.PathLike[str],
+    key: str | os.PathLike[str],
+    client_ca: str | os.PathLike[str] | None = None,
+) -> ssl.SSLContext:
+    """A server TLS context offering ALPN ``h2`` then ``http/1.1``.
+
+    With ``client_ca`` (mutual TLS), a client must present a certificate signed by that CA, and
+    by no other: the system's CAs are not loaded, as anyone can buy a certificate they sign.
+    """
+    cafile = os.fspath(client_ca) if client_ca is not None else None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=cafile)
+    if cafile is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
     context.load_cert_chain(os.fspath(cert), os.fspath(key))
     context.set_alpn_protocols(["h2", "http/1.1"])
     context.options |= ssl.OP_NO_COMPRESSION
@@ -37,14 +48,14 @@ class ReplicaHandle:
         self,
         replica: Replica,
         server: asyncio.Server,
-        protocols: set[ReplicaProtocol],
+        connections: Connections,
         host: str,
         tls: bool,
     ) -> None:
         self.replica = replica
         self.engine = replica.engine
         self.server = server
-        self._protocols = protocols
+        self._protocols = connections.open
         self.host = host
         self.port: int = server.sockets[0].getsockname()[1]
         scheme = "https" if tls else "http"
@@ -91,24 +102,38 @@ async def start_replica(
     *,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    tls_client_ca: str | os.PathLike[str] | None = None,
     name: str | None = None,
     accounting_path: str | os.PathLike[str] | None = None,
     scheduler_config: SchedulerConfig | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     limits: Limits = DEFAULT_LIMITS,
     auth: Authenticator | None = None,
-    accounting_flush_s: float = 1.0,
+    accounting_flush_s: float = FLUSH_INTERVAL_S,
+    accounting_flush_rows: int = FLUSH_ROWS,
+    accounting_fsync: FsyncPolicy = FsyncPolicy.BATCH,
     backlog: int = 1024,
 ) -> ReplicaHandle:
     """Serve ``engine`` on ``host:port`` (0: a free port) with HTTP/2 and HTTP/1.1.
 
-    TLS with ALPN when ``tls_cert`` and ``tls_key`` are given. Call on the loop that will run it.
+    TLS with ALPN when ``tls_cert`` and ``tls_key`` are given; with ``tls_client_ca`` too, mutual
+    TLS: each client shows a certificate that CA signed, and the tenant it names
+    (``auth.certificate_tenant``) goes to the authenticator. Call on the loop that will run it.
     """
     if (tls_cert is None) != (tls_key is None):
         raise ValueError("give both tls_cert and tls_key, or neither")
-    context = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
+    if tls_client_ca is not None and tls_cert is None:
+        raise ValueError("tls_client_ca needs tls_cert and tls_key")
+    context = tls_context(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
     name = name or f"replica-{os.getpid()}"
-    accounting = Accounting(accounting_path, flush_interval_s=accounting_flush_s, replica=name)
+    accounting = Accounting(
+        accounting_path,
+        flush_interval_s=accounting_flush_s,
+        flush_rows=accounting_flush_rows,
+        fsync=accounting_fsync,
+        max_tenants=limits.max_tenants,
+        replica=name,
+    )
     replica = Replica(
         engine,
         name=name,
@@ -118,15 +143,17 @@ async def start_replica(
         limits=limits,
         auth=auth,
     )
-    protocols: set[ReplicaProtocol] = set()
+    connections = Connections(replica)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: ReplicaProtocol(replica, protocols),
+        lambda: ReplicaProtocol(replica, connections),
         host,
         port,
         ssl=context,
+        # asyncio takes no 0 (its default, 60 s, then applies).
+        ssl_handshake_timeout=(limits.handshake_timeout_s or None) if context is not None else None,
         backlog=backlog,
         reuse_address=True,
     )
     accounting.start(loop)
-    return ReplicaHandle(replica, server, protocols, host, context is not None)
+    return ReplicaHandle(replica, server, connections, host, context is not None)

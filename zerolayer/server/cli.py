@@ -1,13 +1,19 @@
 """``zl-replica``: one engine replica process.
 
     zl-replica --engine sim|null|torch|vllm --port P [--host H] [--tls-cert C --tls-key K]
-               [--engine-option KEY=VALUE ...] [--accounting PATH]
+               [--engine-option KEY=VALUE ...] [--accounting PATH [--accounting-fsync P]
+               [--accounting-flush-rows N] [--accounting-flush-s S]]
+               [--api-keys FILE] [--tls-client-ca FILE]
 
 Prints ``zl-replica listening on <url>`` (flushed) once it accepts connections, so a parent can
 wait for that line; ``--port 0`` picks a free port. SIGTERM (or SIGINT) drains: new streams are
 refused with ``draining``, in-flight ones finish, then the process exits 0. A mistake in the
 arguments (or a replica that cannot start because of one) is one ``zl-replica: error:`` line and
 exit status 2.
+
+``--api-keys FILE`` turns authentication on (off by default, for local benchmarking): every
+``/v1/*`` request then needs ``authorization: Bearer <key>`` for a key in FILE, or a client
+certificate verified against ``--tls-client-ca`` (see ``zerolayer.server.auth``).
 """
 
 from __future__ import annotations
@@ -21,17 +27,20 @@ import signal
 import ssl
 import sys
 
+from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, FsyncPolicy
 from zerolayer.cliargs import (
     Parser,
     fail,
     non_negative_float,
     port,
+    positive_float,
     positive_int,
     readable_file,
 )
 from zerolayer.engine import ENGINES, Engine, make_engine
 from zerolayer.engine.options import add_engine_option, validate_engine_options
 from zerolayer.server.app import DRAIN_TIMEOUT_S, ReplicaHandle, start_replica, tls_context
+from zerolayer.server.auth import load_key_file
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES
 from zerolayer.server.limits import DEFAULT_LIMITS, parse_limit
 
@@ -61,8 +70,21 @@ def parser() -> argparse.ArgumentParser:
         "--tls-cert", type=readable_file, help="PEM certificate: serve TLS with ALPN h2/http1.1"
     )
     p.add_argument("--tls-key", type=readable_file, help="PEM private key for --tls-cert")
+    p.add_argument(
+        "--api-keys",
+        type=readable_file,
+        metavar="FILE",
+        help="authenticate tenants: /v1/* needs a Bearer key from this key file (TOML)",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        type=readable_file,
+        metavar="FILE",
+        help="PEM CA bundle: a client certificate it verifies names the tenant (mutual TLS; "
+        "needs --tls-cert and --api-keys)",
+    )
     p.add_argument("--name", help="replica name (accounting, request ids, /health)")
-    p.add_argument("--accounting", metavar="PATH", help="append per-request usage as JSONL")
+    _add_accounting_options(p)
     p.add_argument(
         "--max-body-bytes",
         type=positive_int,
@@ -88,6 +110,39 @@ def parser() -> argparse.ArgumentParser:
         "--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS, help="stderr log"
     )
     return p
+
+
+def _add_accounting_options(p: argparse.ArgumentParser) -> None:
+    """The accounting file and when it is written (see zerolayer/accounting.py)."""
+    p.add_argument(
+        "--accounting",
+        metavar="PATH",
+        help="append per-request usage as JSONL, written by a worker thread in batches; SIGKILL "
+        "loses at most the rows of --accounting-flush-rows or --accounting-flush-s (whichever "
+        "is fewer) plus one batch being written (at most --accounting-flush-rows rows), while "
+        "writes keep up (fsync does not hold them up)",
+    )
+    p.add_argument(
+        "--accounting-flush-rows",
+        metavar="N",
+        type=positive_int,
+        default=FLUSH_ROWS,
+        help="write a batch as soon as this many rows wait",
+    )
+    p.add_argument(
+        "--accounting-flush-s",
+        metavar="S",
+        type=positive_float,
+        default=FLUSH_INTERVAL_S,
+        help="write what waits at least this often",
+    )
+    p.add_argument(
+        "--accounting-fsync",
+        choices=[policy.value for policy in FsyncPolicy],
+        default=FsyncPolicy.BATCH.value,
+        help="fsync after every batch in a thread of its own (batch: a power loss loses little "
+        "more than a SIGKILL), only at exit (close), or never (the OS writes back when it likes)",
+    )
 
 
 def _limit(text: str) -> tuple[str, str]:
@@ -117,6 +172,20 @@ def check(args: argparse.Namespace) -> None:
             tls_context(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             raise StartupError(f"cannot load --tls-cert/--tls-key: {exc}") from None
+    args.auth = None
+    if args.api_keys is not None:
+        try:
+            args.auth = load_key_file(args.api_keys)
+        except ValueError as exc:
+            raise StartupError(f"--api-keys: {exc}") from None
+    if args.tls_client_ca is not None and (args.tls_cert is None or args.auth is None):
+        # The key file is where each tenant's highest priority class is granted.
+        raise StartupError("--tls-client-ca needs --tls-cert and --api-keys")
+    if args.tls_client_ca is not None:
+        try:
+            tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise StartupError(f"cannot load --tls-client-ca: {exc}") from None
     if args.accounting is not None:
         folder = os.path.dirname(os.path.abspath(args.accounting))
         if not os.path.isdir(folder):
@@ -137,8 +206,13 @@ async def _start(args: argparse.Namespace) -> tuple[Engine, ReplicaHandle]:
             tls_key=args.tls_key,
             name=args.name,
             accounting_path=args.accounting,
+            accounting_flush_rows=args.accounting_flush_rows,
+            accounting_flush_s=args.accounting_flush_s,
+            accounting_fsync=FsyncPolicy(args.accounting_fsync),
             max_body_bytes=args.max_body_bytes,
             limits=args.limits,
+            auth=args.auth,
+            tls_client_ca=args.tls_client_ca,
         )
     except OSError as exc:
         await engine.close()

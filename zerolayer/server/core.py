@@ -354,7 +354,7 @@ class Replica:
         self.model = str(getattr(getattr(engine, "config", None), "model_shape", engine.name))
         self.config = config or SchedulerConfig.for_engine(engine)
         self.max_body_bytes = max_body_bytes
-        self.accounting = accounting or Accounting(replica=name)
+        self.accounting = accounting or Accounting(replica=name, max_tenants=limits.max_tenants)
         self.limits = limits
         self.keepalive_s = limits.keepalive_s
         # None: every request is trusted as sent (local benchmarking); see server/auth.py.
@@ -376,6 +376,8 @@ class Replica:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.connections = 0
+        # Connections closed at once for being past limits.connection_cap() (server/connection.py).
+        self.refused_connections = 0
         self._models_body = openai.models_body(self.model)
         self.models = served_models(engine, self.model)
         self.block_size = engine.stats().block_size or 1
@@ -438,6 +440,12 @@ class Replica:
                                (b"content-length", str(len(body)).encode())], body)  # fmt: skip
             return None
         if kind == "models":
+            if self.auth is not None:  # every /v1 route needs credentials, as in vllm serve
+                try:
+                    self.auth.credentials(authorization, identity)
+                except ContractError as exc:
+                    self._refuse(sink, exc.error, exc.message)
+                    return None
             body = self._models_body
             sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
             return None
@@ -598,7 +606,7 @@ class Replica:
         under its bound; False, with the stream reset and the engine request aborted, when it
         reads nothing for ``send_stall_s`` or the call ended meanwhile."""
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.limits.send_stall_s)
+            await asyncio.wait_for(asyncio.shield(waiter), self.limits.send_stall_s or None)
         except TimeoutError:
             call.stall()
             return False

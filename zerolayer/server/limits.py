@@ -2,7 +2,8 @@
 
 With no gateway in front of the replicas, each one absorbs what a proxy (Envoy, nginx) would have:
 hostile or broken clients included. Each field below is a limit, its default, and the precedent
-it follows; ``zl-replica --limit NAME=VALUE`` (repeatable) overrides one, and
+it follows; ``zl-replica --limit NAME=VALUE`` (repeatable) overrides one (0 turns a timeout, a
+``*_s`` limit, off), and
 ``docs/limits.md`` is the same table for readers (a test keeps the two in step).
 
 A limit a client trips is answered at the smallest scope that contains the fault: one stream
@@ -56,9 +57,10 @@ class Limits:
     # -- memory a connection may hold -------------------------------------------------------------
     connection_buffer_bytes: int = _limit(
         16 << 20,
-        "bytes one connection may hold in header blocks, request bodies in progress and "
-        "response data the client has not read; a request that would pass it is refused "
-        "(503 overloaded) and reading pauses while output is over it",
+        "bytes one connection may hold in request bodies in progress and response data its "
+        "client has not read: a body that would pass it is refused (503 overloaded), a stream "
+        "that would stops pulling tokens (or, finished, is reset); the socket's own buffer "
+        "pauses reading at a quarter of it",
         "Envoy per_connection_buffer_limit_bytes (1 MiB) and overload manager",
     )
     stream_send_buffer_bytes: int = _limit(
@@ -70,8 +72,8 @@ class Limits:
     # -- timeouts ---------------------------------------------------------------------------------
     header_timeout_s: float = _limit(
         10.0,
-        "seconds from a connection's first byte (or a request's first header byte) to the end "
-        "of its headers (HTTP/2: the connection preface and SETTINGS)",
+        "seconds from a connection's start (or a later request's first byte) to the end of its "
+        "request headers; in clear text it also bounds the bytes that choose HTTP/1.1 or h2c",
         "nginx client_header_timeout 60s; Go http.Server ReadHeaderTimeout",
     )
     body_timeout_s: float = _limit(
@@ -94,6 +96,12 @@ class Limits:
         "seconds a stream whose send buffer is full may go without the client reading; then the "
         "stream is reset and its engine request aborted",
         "nginx send_timeout 60s; Go http2 WriteByteTimeout",
+    )
+    linger_s: float = _limit(
+        2.0,
+        "seconds a connection the replica ends for a fault (GOAWAY) keeps reading and discarding "
+        "before it closes, so the client reads the GOAWAY instead of a TCP reset",
+        "nginx lingering_close: lingering_time 30s, lingering_timeout 5s",
     )
     keepalive_s: float = _limit(
         20.0,

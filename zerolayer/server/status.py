@@ -48,6 +48,8 @@ class Observed(Protocol):
     @property
     def connections(self) -> int: ...
     @property
+    def refused_connections(self) -> int: ...
+    @property
     def prompt_tokens_total(self) -> int: ...
     @property
     def generation_tokens_total(self) -> int: ...
@@ -130,6 +132,9 @@ def metrics_text(replica: Observed) -> bytes:
         "# HELP zl_connections Open client connections.",
         "# TYPE zl_connections gauge",
         f"zl_connections {replica.connections}",
+        "# HELP zl_refused_connections_total Connections closed at once for being past the cap.",
+        "# TYPE zl_refused_connections_total counter",
+        f"zl_refused_connections_total {replica.refused_connections}",
         "# HELP zl_draining 1 while the replica drains.",
         "# TYPE zl_draining gauge",
         f"zl_draining {int(replica.draining)}",
@@ -167,9 +172,35 @@ def metrics_text(replica: Observed) -> bytes:
     for key, name in ALLOCATOR_METRICS.items():
         if key in stats.allocator:
             lines += [f"# TYPE {name} gauge", f"{name} {stats.allocator[key]}"]
-    lines += [
-        "# HELP zl_accounting_dropped_total Accounting rows lost to a full ring buffer.",
-        "# TYPE zl_accounting_dropped_total counter",
-        f"zl_accounting_dropped_total {replica.accounting.dropped}",
-    ]
+    lines += accounting_metrics(replica.accounting)
     return ("\n".join(lines) + "\n").encode()
+
+
+def accounting_metrics(accounting: Accounting) -> list[str]:
+    """Where the accounting rows are (written, queued, lost) and how many tenants it tracks."""
+    return [
+        "# HELP zl_accounting_rows_written_total Accounting rows written to the file.",
+        "# TYPE zl_accounting_rows_written_total counter",
+        f"zl_accounting_rows_written_total {accounting.flushed}",
+        "# HELP zl_accounting_rows_queued Accounting rows not written yet (a SIGKILL loses them).",
+        "# TYPE zl_accounting_rows_queued gauge",
+        f"zl_accounting_rows_queued {accounting.queued}",
+        "# HELP zl_accounting_dropped_total Accounting rows lost: pushed out of a full ring "
+        "buffer, or unwritable at exit.",
+        "# TYPE zl_accounting_dropped_total counter",
+        f"zl_accounting_dropped_total {accounting.dropped}",
+        "# HELP zl_accounting_write_errors_total Failed writes of the accounting file (each "
+        "retried).",
+        "# TYPE zl_accounting_write_errors_total counter",
+        f"zl_accounting_write_errors_total {accounting.write_errors}",
+        "# HELP zl_accounting_fsync_errors_total Failed fsyncs of the accounting file.",
+        "# TYPE zl_accounting_fsync_errors_total counter",
+        f"zl_accounting_fsync_errors_total {accounting.fsync_errors}",
+        "# HELP zl_accounting_tenants Tenants with their own running totals (at most max_tenants).",
+        "# TYPE zl_accounting_tenants gauge",
+        f"zl_accounting_tenants {len(accounting.totals)}",
+        "# HELP zl_accounting_tenants_folded_total Least recently seen tenants whose totals "
+        "were folded into one 'other' row.",
+        "# TYPE zl_accounting_tenants_folded_total counter",
+        f"zl_accounting_tenants_folded_total {accounting.folded}",
+    ]
