@@ -6,9 +6,10 @@ from zerolayer.client.ring import HashRing
 from zerolayer.client.sdk import ZeroLayerClient
 from zerolayer.client.stream import Completion, Stream
 from zerolayer.client.timing import Timing
-from zerolayer.client.wire import Chunk, ZeroLayerError
+from zerolayer.client.wire import BadRequestError, Chunk, ZeroLayerError
 
 __all__ = [
+    "BadRequestError",
     "Chunk",
     "Completion",
     "HashRing",

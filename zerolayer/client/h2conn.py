@@ -1,10 +1,11 @@
 """One multiplexed HTTP/2 connection to a replica, on asyncio and the sans-IO ``h2`` library.
 
 h2c by prior knowledge, or TLS with ALPN ``h2`` for https URLs. Outbound header validation is off
-(we build every header ourselves, and the constant ones once per connection); inbound validation
-stays on. Receive windows are large and acknowledged as data is consumed, so thousands of streams
-and large bodies flow without stalls; request bodies larger than the peer's window are paced by
-its WINDOW_UPDATEs. A request is one ``transport.write``.
+(we build every header ourselves, and the constant ones once per connection; a caller's extra
+headers were checked once by ``wire.caller_headers``); inbound validation stays on. Receive
+windows are large and acknowledged as data is consumed, so thousands of streams and large bodies
+flow without stalls; request bodies larger than the peer's window are paced by its
+WINDOW_UPDATEs. A request is one ``transport.write``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import h2.exceptions
 import h2.settings
 
 from zerolayer.client.stream import Response
+from zerolayer.client.wire import MAX_ERROR_BODY_BYTES
 from zerolayer.wire.h2base import H2State
 from zerolayer.wire.hpackenc import LiteralEncoder
 
@@ -32,7 +34,8 @@ Header = tuple[bytes, bytes]
 
 
 class _Collect:
-    """A sink that gathers a small whole response (``/health``) into memory."""
+    """A sink that gathers a small whole response (``/health``) into memory, up to
+    MAX_ERROR_BODY_BYTES (a longer one is cut, and fails to parse)."""
 
     __slots__ = ("body", "future", "status")
 
@@ -45,7 +48,9 @@ class _Collect:
         self.status = status
 
     def on_data(self, data: bytes) -> None:
-        self.body += data
+        room = MAX_ERROR_BODY_BYTES - len(self.body)
+        if room > 0:
+            self.body += data[:room]
 
     def on_end(self) -> None:
         if not self.future.done():
@@ -186,8 +191,8 @@ class H2Connection(asyncio.Protocol):
         for sink in streams.values():
             sink.on_lost(reason)
         self._wake_slots()
-        if not was_closed and self._on_lost is not None:
-            self._on_lost()
+        if not was_closed:
+            self._report_lost()
 
     # events
 
@@ -233,14 +238,33 @@ class H2Connection(asyncio.Protocol):
             self._wake_slots()
 
     def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+        """Streams above ``last_stream_id`` were not processed (RFC 9113 section 6.8): they end
+        as lost before any answer, so they are retried elsewhere. A PROTOCOL_ERROR whose
+        ``last_stream_id`` is a request of ours still unanswered (the last stream the replica
+        opened, so the one it was reading when it gave up) blames that request: it fails as the
+        caller's ``bad_request`` and the replica is not marked down for it."""
         self.goaway = True
         last = event.last_stream_id or 0
         for sid in [s for s in self._streams if s > last]:
             self._pumps.pop(sid, None)
             self._streams.pop(sid).on_lost("replica sent GOAWAY before processing the stream")
+        if event.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR and self._blames(last):
+            self._pumps.pop(last, None)
+            self._streams.pop(last).on_reset(h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._on_lost = None
         self._wake_slots()
-        if self._on_lost is not None:
-            self._on_lost()
+        self._report_lost()
+
+    def _blames(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` is one of our requests still waiting for its answer."""
+        sink = self._streams.get(stream_id)
+        return sink is not None and sink.status == 0
+
+    def _report_lost(self) -> None:
+        """Tell the replica's health the connection is gone (once)."""
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
 
     # streams
 

@@ -119,7 +119,8 @@ class H11Connection(asyncio.Protocol):
 
 
 class Http1Client:
-    """``stream``/``complete`` like ZeroLayerClient, against one HTTP/1.1 URL (no routing)."""
+    """``stream``/``complete`` like ZeroLayerClient, against one HTTP/1.1 URL (no routing);
+    ``api_key`` and the per-request ``api_key`` as there."""
 
     def __init__(
         self,
@@ -131,6 +132,7 @@ class Http1Client:
         tls: ssl.SSLContext | None = None,
         model: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.host, self.port, use_tls = split_url(self.url)
@@ -142,7 +144,7 @@ class Http1Client:
         self._idle: deque[H11Connection] = deque()
         self._all: set[H11Connection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._issue = RequestIssuer("h1", model, extra_body)
+        self._issue = RequestIssuer("h1", model, extra_body, api_key)
 
     async def __aenter__(self) -> Http1Client:
         return self

@@ -39,7 +39,10 @@ class ZeroLayerClient:
     """Route and stream completions straight to engine replicas (see the module docstring).
 
     Use as ``async with ZeroLayerClient(urls) as client:``; ``stream`` and ``complete`` are
-    safe to call from many tasks at once, and all of a replica's requests share one connection.
+    safe to call from many tasks at once, and all of a replica's requests share one connection,
+    so a caller's header that could break it is refused before sending (``bad_request``).
+    ``api_key`` goes on every request as ``authorization: Bearer``, unless a request names its
+    own ``api_key``.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class ZeroLayerClient:
         tls: ssl.SSLContext | None = None,
         model: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        api_key: str | None = None,
     ) -> None:
         urls = list(dict.fromkeys(replica_urls))
         if not urls:
@@ -74,7 +78,7 @@ class ZeroLayerClient:
             if tls is not None
             else (default_tls() if any(r.tls for r in self.replicas.values()) else None)
         )
-        self._issue = RequestIssuer("zl", model, extra_body)
+        self._issue = RequestIssuer("zl", model, extra_body, api_key)
         self._poller: asyncio.Task[None] | None = None
         # Tasks of submitted requests that had to wait for a connection or a stream slot.
         self.background: set[asyncio.Future[None]] = set()
@@ -152,7 +156,8 @@ class ZeroLayerClient:
         """A streamed completion; ``async with`` it, then ``async for chunk in it``.
 
         Entering waits for the first token (retrying before it where that is safe) and raises
-        ZeroLayerError if none comes; iterating raises it if the stream breaks later.
+        ZeroLayerError if none comes; iterating raises it if the stream breaks later. A bad
+        argument raises ValueError at once (a bad header or key: BadRequestError, ``bad_request``).
         ``stream.timing`` holds the record either way (and the error carries it too).
         """
         req = self._issue(fields)
@@ -170,7 +175,8 @@ class ZeroLayerClient:
         with ``timing.error_code`` set (``client_timeout`` when no answer came by deadline plus
         grace). Same routing, retries and timing as :meth:`stream`, without a task or chunk
         objects per request: the API for load generators, which want only the record. Raises
-        ValueError at once for bad arguments, like :meth:`stream`.
+        ValueError at once for bad arguments (BadRequestError for a bad header or key), like
+        :meth:`stream`.
         """
         req = self._issue(fields)
         timing = Timing(request_id=req.request_id)

@@ -27,12 +27,22 @@ from zerolayer.client.timing import (
     STREAM_RESET,
     Timing,
 )
-from zerolayer.client.wire import DONE, Chunk, SSEParser, ZeroLayerError, server_error
+from zerolayer.client.wire import (
+    DONE,
+    MAX_ERROR_BODY_BYTES,
+    Chunk,
+    SSEEventTooLarge,
+    SSEParser,
+    ZeroLayerError,
+    server_error,
+)
 from zerolayer.wire import contract
 
 _now = time.time_ns
 _loads = orjson.loads
-H2_REFUSED_STREAM = 7
+# HTTP/2 error codes (RFC 9113 section 7) a reset carries.
+H2_PROTOCOL_ERROR = 0x1
+H2_REFUSED_STREAM = 0x7
 
 
 class Carrier(Protocol):
@@ -128,10 +138,19 @@ class Response:
     def on_data(self, data: bytes) -> None:
         if self.done:
             return
-        if self._body is not None:
-            self._body += data
+        body = self._body
+        if body is not None:
+            # An error body is reported, not streamed: keep its head, drop the rest.
+            room = MAX_ERROR_BODY_BYTES - len(body)
+            if room > 0:
+                body += data[:room]
             return
-        payloads = self._parser.feed(data)
+        try:
+            payloads = self._parser.feed(data)
+        except SSEEventTooLarge as exc:
+            self.fail(ZeroLayerError(contract.UPSTREAM_FAILED.code, f"{exc}: the stream is cut"))
+            self.cancel()
+            return
         if payloads:
             for payload in payloads:
                 self._event(payload)
@@ -211,10 +230,23 @@ class Response:
             self._finish()
 
     def on_reset(self, error_code: int) -> None:
+        """The replica reset the stream: REFUSED_STREAM was not processed (RFC 9113 section
+        8.7), so another replica may take it before the first token; PROTOCOL_ERROR says this
+        request was malformed (section 8.1.1), the caller's error, and retrying it elsewhere
+        would only meet the same answer."""
         if self.done:
             return
         if self._body is not None and self.status:
             self.on_end()
+            return
+        if error_code == H2_PROTOCOL_ERROR:
+            self.fail(
+                ZeroLayerError(
+                    contract.BAD_REQUEST.code,
+                    "the replica found this request malformed (HTTP/2 PROTOCOL_ERROR)",
+                    status=contract.BAD_REQUEST.status,
+                )
+            )
             return
         self.fail(
             ZeroLayerError(
