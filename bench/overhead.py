@@ -30,6 +30,12 @@ over its wall-clock ones. A one-line verdict compares the zero-layer replica wit
 server (added E2EL p50 and p99, layer CPU per token). With the null engine a replica's RSS is
 then measured with 1000 concurrent open streams (sim engine, long generations) through one SDK
 connection.
+
+``--auth`` measures what authentication costs: each stack that checks API keys (the zero-layer
+replica; the Ray Serve baseline over the null engine) runs a second time as ``NAME+auth``,
+started with a key file and every request sent with its key, right after its run without; a
+line per level gives the difference (E2EL p50 and p99, server CPU per request), beside
+``Authenticator.authorize``'s own cost per call, timed in this process.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import importlib
 import importlib.util
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,11 +61,13 @@ from harness.errors import UsageError
 from harness.loaders.base import LoadResult
 from harness.loaders.native import Sender, SendFn, client_sender, engine_sender, run_schedule
 from harness.schema import RequestRecord
-from harness.stacks import ReplicaProcess, StackName, StackSpec, stand_up
+from harness.stacks import Credentials, ReplicaProcess, StackName, StackSpec, stand_up
 from harness.workload import PlannedRequest
 from zerolayer.client import ZeroLayerClient, ZeroLayerError
 from zerolayer.engine import make_engine
 from zerolayer.engine.options import add_engine_option, validate_engine_options
+from zerolayer.server.auth import load_key_file, write_key_file
+from zerolayer.wire.contract import RequestMeta
 
 DEFAULT_RATES = {1: 200.0, 64: 500.0}
 DEADLINE_MS = 30_000
@@ -79,6 +88,10 @@ ENGINE_PROCESS_PREFIX = "VLLM::"
 FLOOR = "inproc"
 OURS = "zerolayer"
 PEER = "vllm-serve"
+TENANT = "default"
+AUTH_SUFFIX = "+auth"
+# Calls timed to give Authenticator.authorize's cost per request (a few hundred ms in all).
+AUTHORIZE_CALLS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +142,7 @@ class Settings:
     rss_streams: int
     rss_max_tokens: int
     out: Path | None
+    auth: bool = False
 
 
 @dataclass(slots=True)
@@ -255,9 +269,16 @@ async def inproc_target(name: str, workload: Workload, workdir: Path) -> Target:
     return Target(name, engine_sender(engine), engine.close, children)
 
 
-def stack_target(stack_name: StackName) -> TargetFactory:
+def overhead_credentials(folder: Path) -> Credentials:
+    """A key file in ``folder`` with one fresh key, for the tenant every request names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "api-keys.toml"
+    return Credentials(path, write_key_file(path, {TENANT: "normal"}))
+
+
+def stack_target(stack_name: StackName, auth: bool = False) -> TargetFactory:
     """A stack over the workload's engine (one replica), stood up the one way; sent to through
-    its client."""
+    its client. ``auth``: started with a key file, every request sent with its key."""
 
     async def factory(name: str, workload: Workload, workdir: Path) -> Target:
         spec = StackSpec(
@@ -265,6 +286,7 @@ def stack_target(stack_name: StackName) -> TargetFactory:
             engine=workload.engine,
             engine_options=dict(workload.engine_options),
             replicas=1,
+            credentials=overhead_credentials(workdir / name) if auth else None,
         )
         stack = await asyncio.to_thread(stand_up, spec, workdir / name)
         try:
@@ -281,7 +303,7 @@ def stack_target(stack_name: StackName) -> TargetFactory:
                 await asyncio.to_thread(stack.close)
 
         pids = [pid for group in stack.pids().values() for pid in group]
-        return Target(name, client_sender(client), close, pids)
+        return Target(name, client_sender(client, stack.credentials), close, pids)
 
     return factory
 
@@ -295,6 +317,13 @@ BUILTIN: dict[str, TargetFactory] = {
 }
 # Targets that only a real vLLM engine can serve.
 VLLM_ONLY = frozenset({PEER})
+# --auth: the stacks that check API keys, measured again with them (over vLLM the baseline is Ray
+# Serve LLM, which checks none).
+WITH_AUTH: dict[str, TargetFactory] = {
+    OURS: stack_target(StackName.ZEROLAYER, auth=True),
+    "baseline": stack_target(StackName.BASELINE, auth=True),
+    "rayserve": stack_target(StackName.BASELINE, auth=True),
+}
 
 
 def _request(workload: Workload, i: int, offset_s: float) -> PlannedRequest:
@@ -743,6 +772,41 @@ def verdict(levels: Sequence[Level], ours: str = OURS, peer: str = PEER) -> str 
     return f"verdict: {ours} {_judge(latency, cpu)} {peer} ({'; '.join(details)})"
 
 
+def auth_costs(levels: Sequence[Level]) -> list[str]:
+    """A line per stack run both ways (``NAME`` and ``NAME+auth``) and in-flight level: what
+    authentication added to E2EL p50 and p99 and to the server's CPU per completed request."""
+    by = {(lv.target, lv.in_flight): lv for lv in levels}
+    lines = []
+    for (target, n), on in by.items():
+        off = by.get((target.removesuffix(AUTH_SUFFIX), n))
+        if not target.endswith(AUTH_SUFFIX) or off is None:
+            continue
+        cpu = _minus(on.server_us_per_request, off.server_us_per_request)
+        lines.append(
+            f"auth cost, {off.target} at {n} in flight: E2EL p50 "
+            f"{_signed(_minus(on.e2el_p50_ms, off.e2el_p50_ms), 'ms')}, p99 "
+            f"{_signed(_minus(on.e2el_p99_ms, off.e2el_p99_ms), 'ms')}, server CPU "
+            f"{_signed(cpu, 'us')} per request ({_us(off.server_us_per_request)} -> "
+            f"{_us(on.server_us_per_request)})"
+        )
+    return lines
+
+
+def authorize_us(calls: int = AUTHORIZE_CALLS) -> float:
+    """``Authenticator.authorize``'s own cost per request in microseconds: a key file with one
+    key, a request naming its tenant, timed over ``calls`` calls in this process."""
+    with tempfile.TemporaryDirectory(prefix="zl-auth-") as folder:
+        credentials = overhead_credentials(Path(folder))
+        auth = load_key_file(credentials.key_file)
+    header = f"Bearer {credentials.default_key}".encode()
+    meta = RequestMeta("", TENANT, 1, DEADLINE_MS, None, None)
+    authorize = auth.authorize
+    started = time.perf_counter()
+    for _ in range(calls):
+        authorize(meta, header, None)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
 def _word(results: Sequence[bool | None]) -> str:
     """``less`` when every comparison came out less, ``more`` when none did, else ``mixed``."""
     if all(results):
@@ -766,6 +830,7 @@ def write_out(
     table_rows = rows(levels, max_tokens)
     line = verdict(levels)
     notes = warnings(levels, max_tokens)
+    costs = auth_costs(levels)
     doc = {
         "workload": asdict(settings.workload),
         "levels": list(settings.levels),
@@ -778,6 +843,8 @@ def write_out(
         "rows": table_rows,
         "verdict": line,
         "warnings": notes,
+        "auth": settings.auth,
+        "auth_cost": costs,
     }
     (out / "overhead.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     md = [
@@ -795,6 +862,7 @@ def write_out(
     ]
     md += [""] + [f"- {n}" for n in notes] if notes else []
     md += ["", line] if line else []
+    md += [""] + [f"- {c}" for c in costs] if costs else []
     (out / "overhead.md").write_text("\n".join(md) + "\n")
 
 
@@ -827,9 +895,12 @@ async def main_async(settings: Settings, chosen: Sequence[tuple[str, TargetFacto
         max_tokens = settings.workload.max_tokens
         print()
         print(table(levels, max_tokens))
-        for line in [*warnings(levels, max_tokens), verdict(levels)]:
+        for line in [*warnings(levels, max_tokens), verdict(levels), *auth_costs(levels)]:
             if line:
                 print(line)
+    if settings.auth:
+        print(f"authorize(): {authorize_us():.2f} us per request in-process ({AUTHORIZE_CALLS} "
+              "calls: one SHA-256 of the key, one dict lookup)", flush=True)  # fmt: skip
     if settings.out is not None:
         write_out(settings.out, settings, levels, rates, source)
         print(f"wrote {settings.out / 'overhead.json'} and overhead.md", flush=True)
@@ -862,7 +933,25 @@ def targets(settings: Settings, plugins: Sequence[str] = ()) -> list[tuple[str, 
         raise UsageError(f"unknown targets {unknown}; built in: {', '.join(BUILTIN)}")
     if settings.workload.engine != "vllm" and VLLM_ONLY.intersection(names):
         raise UsageError(f"target {PEER} is vLLM's own server: it needs --engine vllm")
-    return [(n, BUILTIN[n]) for n in names] + [_plugin(spec) for spec in plugins]
+    checks_keys = _checks_keys(settings, names)
+    chosen: list[tuple[str, TargetFactory]] = []
+    for n in names:
+        chosen.append((n, BUILTIN[n]))
+        if n in checks_keys:  # measured right after its run without authentication
+            chosen.append((n + AUTH_SUFFIX, WITH_AUTH[n]))
+    return chosen + [_plugin(spec) for spec in plugins]
+
+
+def _checks_keys(settings: Settings, names: Sequence[str]) -> set[str]:
+    """The targets ``--auth`` runs again with authentication on (none without ``--auth``)."""
+    if not settings.auth:
+        return set()
+    found = {n for n in names if n in WITH_AUTH}
+    if settings.workload.engine == "vllm":
+        found &= {OURS}
+    if not found:
+        raise UsageError("--auth needs a target that checks API keys: zerolayer (or baseline)")
+    return found
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -910,6 +999,7 @@ def resolve(args: argparse.Namespace) -> Settings:
         rss_streams=given(args.rss_streams, d.rss_streams),
         rss_max_tokens=args.rss_max_tokens,
         out=args.out,
+        auth=args.auth,
     )
 
 
@@ -1000,6 +1090,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rss-streams",
         type=_number(int, 0),
         help="0 skips the RSS check; " + _default_help(lambda d: d.rss_streams),
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="also run each stack that checks API keys with authentication on (NAME+auth) and "
+        "report what it costs per request",
     )
     parser.add_argument(
         "--rss-max-tokens",

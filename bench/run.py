@@ -5,6 +5,11 @@ each other's CPU), each profile with the same seeded schedule on both; profile D
 experiments on the very stack the other profiles used, before it is torn down. Everything is
 written as it happens, so a run cut short by SIGINT still leaves a directory that
 ``zl-bench report`` renders, marked incomplete; run.json records how the run really ended.
+
+``--auth`` is the production-like mode: the run writes a key file with one fresh key per tenant
+its profiles use (each allowed the most urgent class that tenant is sent with) into the run
+directory, both stacks start with it (``--api-keys``) and every loader sends each request with
+its tenant's key; ``config.auth`` in run.json and each stack's ``auth`` say it was on.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from harness.stacks import (
     ALL_STACKS,
     BASELINE_ROUTERS,
     STACKS,
+    Credentials,
     Stack,
     StackName,
     StackSpec,
@@ -61,12 +67,15 @@ from harness.workload import Schedule, build_schedule
 from zerolayer.cliargs import positive_int
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
+from zerolayer.server.auth import write_key_file
+from zerolayer.wire.contract import PRIORITIES
 
 FAULT_PROFILE = "d_fault"
 LOADER_NICE = -5
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 WARM_TIMEOUT_S = 120.0
+KEY_FILE = "api-keys.toml"
 PACKAGES = ("h2", "h11", "hpack", "uvloop", "ray", "chaostoolkit-lib", "locust", "k6", "numpy")
 
 
@@ -90,9 +99,11 @@ class RunConfig:
     telemetry_interval_s: float = 0.25
     slos: tuple[Slo, ...] = ()
     quiet: bool = False
+    auth: bool = False
 
-    def spec(self, name: StackName) -> StackSpec:
-        """The stack to stand up for ``name``: external when URLs were given for it."""
+    def spec(self, name: StackName, credentials: Credentials | None = None) -> StackSpec:
+        """The stack to stand up for ``name``: external when URLs were given for it; with
+        ``credentials`` (``--auth``) started with their key file."""
         urls = self.zerolayer_urls if name is StackName.ZEROLAYER else ()
         if name is StackName.BASELINE and self.baseline_url:
             urls = (self.baseline_url,)
@@ -105,7 +116,25 @@ class RunConfig:
             urls=tuple(urls),
             ray_address=self.ray_address,
             baseline_router=self.baseline_router,
+            credentials=credentials,
         )
+
+
+def tenant_classes(profiles: Sequence[Profile]) -> dict[str, str]:
+    """Each tenant the profiles send as, with the most urgent class it is sent with: the grant
+    of its key under ``--auth`` (every tenant of a profile sends every class of that profile)."""
+    grants: dict[str, str] = {}
+    for profile in profiles:
+        for tenant in profile.tenants:
+            sent = [c.priority for c in profile.classes] + [grants.get(tenant, "low")]
+            grants[tenant] = min(sent, key=PRIORITIES.__getitem__)
+    return grants
+
+
+def make_credentials(profiles: Sequence[Profile], folder: Path) -> Credentials:
+    """A key file in ``folder`` with a fresh key per tenant of ``profiles`` (``--auth``)."""
+    path = folder / KEY_FILE
+    return Credentials(path, write_key_file(path, tenant_classes(profiles)))
 
 
 def say(message: str) -> None:
@@ -162,6 +191,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=False)
         self.summary: list[SummaryRow] = []
         self.sweep: SweepSection | None = None
+        # --auth: the key file in this directory and each tenant's key (see the module docstring)
+        self.credentials: Credentials | None = None
         self.meta = RunMeta(
             run_id=run_id,
             scale=config.scale,
@@ -362,6 +393,9 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     if stack.external:
         say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
         return
+    if stack.credentials is not None:
+        say(f"{stack.name} / {profile.name}: skipped, the chaos clients send no API keys (--auth)")
+        return
     if stack.name.value not in STACKS:
         say(
             f"{stack.name} / {profile.name}: skipped, faults are defined for the zero-layer and "
@@ -420,7 +454,7 @@ def _run_stack(
     name: StackName, profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
 ) -> None:
     """Stand one stack up, run every profile on it (profile D last), tear it down."""
-    spec = config.spec(name)
+    spec = config.spec(name, run.credentials)
     say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
     with stand_up(spec, run.path / f"stack-{name}") as stack:
         run.meta.stacks[name.value] = {
@@ -487,6 +521,8 @@ def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
 def check_external(config: RunConfig) -> None:
     """Every stack's spec must be one it can serve (vllm-serve needs the vllm engine) and every
     external stack must answer, before anything is started or any load is sent."""
+    if config.auth and (config.zerolayer_urls or config.baseline_url):
+        raise UsageError("--auth starts the stacks with a fresh key file: not for running stacks")
     for name in config.stacks:
         spec = config.spec(name)
         try:
@@ -584,6 +620,8 @@ def run(config: RunConfig) -> int:
     check_external(config)
     capacities = capacity_preflight(profiles, config)
     run = RunDir(config)
+    if config.auth:
+        run.credentials = make_credentials(profiles, run.path)
     run.meta.loader_nice = loader_nice()
     say(f"run {run.meta.run_id} -> {run.path}; {host_line(run)}")
     for profile in profiles:
@@ -710,6 +748,12 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help="Ray Serve LLM's request router (the baseline with --engine vllm)",
     )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="production-like: the stacks authenticate tenants (a fresh key file in the run "
+        "directory, one key per tenant of the profiles) and every loader sends each tenant's key",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines (CI logs)")
 
 
@@ -746,6 +790,7 @@ def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfi
         baseline_router=args.baseline_router,
         slos=tuple(args.slo),
         quiet=args.quiet,
+        auth=args.auth,
     )
 
 

@@ -37,6 +37,7 @@ from bench.run import (
     host_line,
     load_profiles,
     loader_nice,
+    make_credentials,
     render,
     row_outcome,
     say,
@@ -318,7 +319,7 @@ def _run_stack(
     name: StackName, sweeper: Sweeper, rates: Sequence[float], states: list[StackSweep]
 ) -> None:
     config = sweeper.config
-    spec = config.run.spec(name)
+    spec = config.run.spec(name, sweeper.run.credentials)
     say(f"standing up {name} ({config.run.engine} engine, {config.run.replicas} replicas)")
     with stand_up(spec, sweeper.run.path / f"stack-{name}") as stack:
         sweeper.run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
@@ -361,6 +362,8 @@ def sweep(config: SweepConfig) -> int:
     capacity = capacity_preflight([profile], config.run)[profile.name]
     rates = _rates(config, profile, capacity)
     run = RunDir(config.run, kind="sweep")
+    if config.run.auth:
+        run.credentials = make_credentials([profile], run.path)
     run.meta.loader_nice = loader_nice()
     run.sweep = SweepSection(
         profile=profile.name,

@@ -7,6 +7,8 @@ Ray Serve deployment from ``baselines.rayserve``; ``vllm-serve`` (the peer, ``--
 only) is vLLM's own OpenAI server, one process group per replica, load spread over them by the
 SDK's ring. Any stack can also be one that is already running elsewhere (``StackSpec.urls``):
 then nothing is started or stopped here, and :func:`stand_up` only checks that it answers.
+With ``StackSpec.credentials`` (the bench's ``--auth``) the zero-layer replicas and the baseline
+start with a key file (``--api-keys``) and every client of the stack sends its tenant's key.
 """
 
 from __future__ import annotations
@@ -85,13 +87,41 @@ ROUTED: Final = frozenset({StackName.ZEROLAYER, StackName.VLLM_SERVE})
 
 
 @dataclass(frozen=True)
+class Credentials:
+    """A key file the stacks start with (``--api-keys``, ``zerolayer.server.auth``) and the key
+    each tenant's requests carry (``keys``: tenant -> API key, the first one also the key of
+    requests that name no tenant: warm-up, probes)."""
+
+    key_file: Path
+    keys: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("credentials need at least one tenant's key")
+
+    @property
+    def default_key(self) -> str:
+        return next(iter(self.keys.values()))
+
+    def key_for(self, tenant: str) -> str:
+        """The key of ``tenant``'s requests (the default key for a tenant with none)."""
+        return self.keys.get(tenant) or self.default_key
+
+    def headers(self) -> dict[str, str]:
+        """tenant -> its ``authorization`` header value, for a loader in another process."""
+        return {tenant: f"Bearer {key}" for tenant, key in self.keys.items()}
+
+
+@dataclass(frozen=True)
 class StackSpec:
     """What to stand up: which stack, over which engine, how many engine replicas.
 
     ``tls``: zero-layer replicas serve TLS with ALPN h2/http1.1 (k6 needs that for HTTP/2).
     ``urls`` non-empty: an external stack, checked for reachability but never started or stopped.
     ``baseline_router``: Ray Serve LLM's request router (``default`` or ``prefix-aware``), for
-    the baseline over the ``vllm`` engine.
+    the baseline over the ``vllm`` engine. ``credentials``: authentication on (see the module
+    docstring); the stacks that check no keys (Ray Serve LLM, vllm-serve) ignore it and say so
+    in their metadata.
     """
 
     name: StackName
@@ -102,6 +132,7 @@ class StackSpec:
     urls: tuple[str, ...] = ()
     ray_address: str | None = None
     baseline_router: str = "default"
+    credentials: Credentials | None = None
 
 
 class StackUnreachable(Exception):
@@ -545,6 +576,7 @@ class Stack:
         # What every request body names and adds (the served model id; vLLM's ignore_eos ...).
         self.model = model
         self.extra_body = dict(extra_body or {})
+        self.credentials = spec.credentials
 
     def pids(self) -> dict[str, list[int]]:
         """Live process ids by telemetry role: ``replica``, and their children (vLLM's engine
@@ -608,6 +640,8 @@ class Stack:
         several replicas an :class:`Http1Router` over one client each."""
         options.setdefault("model", self.model)
         options.setdefault("extra_body", self.extra_body)
+        if self.credentials is not None:
+            options.setdefault("api_key", self.credentials.default_key)
         if self.protocol == "http1" and len(self.urls) > 1:
             clients = [client_for("http1", [url], self.tls_ca, **options) for url in self.urls]
             return Http1Router([cast("Http1Client", c) for c in clients])
@@ -648,6 +682,7 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
         tls = self_signed(workdir / "tls")
         tls_ca = tls[0]
     started: list[ReplicaProcess] = []
+    auth_args = [] if spec.credentials is None else ["--api-keys", str(spec.credentials.key_file)]
     # A real vLLM engine starts in ~30 s alone on 2 cores; replicas start together.
     ready_timeout_s = VLLM_READY_TIMEOUT_S if spec.engine == "vllm" else READY_TIMEOUT_S
     try:
@@ -657,6 +692,7 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
                     spec.engine,
                     spec.engine_options,
                     name=f"zl-{i}",
+                    extra_args=auth_args,
                     tls=tls,
                     log_path=workdir / f"zl-replica-{i}.log",
                     ready_timeout_s=ready_timeout_s,
@@ -675,6 +711,7 @@ def _stand_up_zerolayer(spec: StackSpec, workdir: Path) -> Stack:
         "engine": spec.engine,
         "engine_options": dict(spec.engine_options),
         "tls": spec.tls,
+        "auth": auth_label(spec),
     }
     urls = [r.url for r in started]
     return Stack(spec, urls, metadata=metadata, replicas=started, tls_ca=tls_ca)
@@ -693,9 +730,11 @@ def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
         engine_options=dict(spec.engine_options),
         ray_address=spec.ray_address,
         stats_dir=str(stats_dir),
+        api_keys=None if spec.credentials is None else str(spec.credentials.key_file),
     )
     metadata = {
         "impl": "ray serve",
+        "auth": auth_label(spec),
         "label": f"Ray Serve orchestrator (ours) x{spec.replicas}, {spec.engine} engine",
         **handle.metadata,
     }
@@ -719,6 +758,7 @@ def _stand_up_llm_baseline(spec: StackSpec) -> Stack:
         "impl": LLM_BASELINE_IMPL,
         "label": f"Ray Serve LLM {handle.metadata['ray_version']} x{spec.replicas}, "
         f"{spec.baseline_router} router, vllm engine",
+        "auth": auth_label(spec, checks_keys=False),
         **handle.metadata,
     }
     return Stack(
@@ -749,6 +789,7 @@ def _stand_up_vllm_serve(spec: StackSpec, workdir: Path) -> Stack:
         "engine": spec.engine,
         "engine_options": dict(spec.engine_options),
         "command": started[0].command[:-2],
+        "auth": auth_label(spec, checks_keys=False),
     }
     return Stack(
         spec,
@@ -758,6 +799,16 @@ def _stand_up_vllm_serve(spec: StackSpec, workdir: Path) -> Stack:
         model=str(spec.engine_options.get("model", "")),
         extra_body=openai_server_body(spec.engine_options),
     )
+
+
+def auth_label(spec: StackSpec, checks_keys: bool = True) -> str:
+    """What a stack's metadata says of authentication: off, on (the key file's name), or asked
+    for of a stack that checks no keys (Ray Serve LLM, vllm-serve), which runs without."""
+    if spec.credentials is None:
+        return "off"
+    if not checks_keys:
+        return "off (asked for; this stack checks no API keys)"
+    return f"api keys ({spec.credentials.key_file.name})"
 
 
 def stand_up(spec: StackSpec, workdir: Path) -> Stack:

@@ -1,8 +1,8 @@
 """``zl-baseline``: stand the Ray Serve baseline up in the foreground until SIGINT or SIGTERM.
 
 On either signal it tears down Serve and the Ray it started, and waits until every Ray process
-has exited, so a run never leaves a cluster behind. A mistake in the arguments is one
-``zl-baseline: error:`` line and exit status 2.
+has exited, so a run never leaves a cluster behind. A mistake in the arguments (a bad
+``--api-keys`` file among them) is one ``zl-baseline: error:`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import sys
 import threading
 
 from baselines.rayserve.standup import start_baseline
-from zerolayer.cliargs import Parser, fail, port, positive_int
+from zerolayer.cliargs import Parser, fail, port, positive_int, readable_file
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
+from zerolayer.server.auth import read_key_file
 
 PROG = "zl-baseline"
 DESCRIPTION = (
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Serve's throughput flags)",
     )
+    parser.add_argument(
+        "--api-keys",
+        type=readable_file,
+        metavar="FILE",
+        help="authenticate tenants: /v1/* needs a Bearer key from this key file (zl-replica's)",
+    )
     parser.add_argument("--metadata", action="store_true", help="print the run metadata as JSON")
     return parser
 
@@ -58,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         options = validate_engine_options(args.engine, dict(args.engine_options))
     except ValueError as exc:
         return fail(PROG, str(exc))
+    if args.api_keys is not None:
+        try:
+            read_key_file(args.api_keys)  # before Ray starts
+        except ValueError as exc:
+            return fail(PROG, f"--api-keys: {exc}")
     handle = start_baseline(
         engine=args.engine,
         replicas=args.replicas,
@@ -66,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         router=args.router,
         ray_address=args.ray_address,
         throughput_optimized=args.throughput_optimized,
+        api_keys=args.api_keys,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own

@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 
 from zerolayer.engine import SimConfig
 from zerolayer.engine.options import validate_engine_options
+from zerolayer.server.auth import read_key_file
 
 CONSISTENT_HASH_ROUTER: Final = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 POW2_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
@@ -58,6 +59,9 @@ class BaselineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     stats_dir: str | None = None
+    # A key file (zerolayer.server.auth): the ingress then authenticates every /v1 request and
+    # keys the tenant budgets by the authenticated tenant; None trusts zl-tenant as sent.
+    api_keys: str | None = None
 
     def __post_init__(self) -> None:
         if self.router not in ("consistent_hash", "pow2"):
@@ -67,6 +71,7 @@ class BaselineConfig:
         # Checked here, before Ray starts, not inside a replica actor where it would surface
         # as a deployment that never becomes healthy.
         self.engine_options = validate_engine_options(self.engine, self.engine_options)
+        self.key_grants()  # a bad key file fails here too, not in the ingress replica
 
     @property
     def engine_max_seqs(self) -> int:
@@ -89,6 +94,13 @@ class BaselineConfig:
     def queue_limit(self) -> int:
         """Requests the ingress holds in its FIFO before refusing with ``queue_full``."""
         return self.max_queue if self.max_queue is not None else 2 * self.inflight_limit
+
+    def key_grants(self) -> dict[str, dict[str, Any]] | None:
+        """The key file's grants as plain data (they cross to the ingress replica, which may run
+        on another node than the file); None without one. ValueError if the file is bad."""
+        if self.api_keys is None:
+            return None
+        return {digest: asdict(grant) for digest, grant in read_key_file(self.api_keys).items()}
 
     def router_class(self) -> str:
         return CONSISTENT_HASH_ROUTER if self.router == "consistent_hash" else POW2_ROUTER
@@ -115,6 +127,7 @@ class BaselineConfig:
             "max_body_bytes": self.max_body_bytes,
             "model": f"zl-{self.engine}",
             "router": self.router,
+            "api_keys": self.key_grants(),
         }
 
     def metadata(self) -> dict[str, Any]:
@@ -148,7 +161,9 @@ class BaselineConfig:
                 else "serve default PowerOfTwoChoicesRequestRouter"
             ),
             "session_routing": "handle.options(session_id=zl-session)",
-            "ingress": self.ingress_settings(),
+            # the key file's digests stay out of the metadata: whether auth was on, and how many
+            "ingress": {**self.ingress_settings(), "api_keys": len(self.key_grants() or {})},
+            "auth": "api keys" if self.api_keys else "off",
             "throughput_optimized_requested": self.throughput_optimized,
             "serve_env": serve_env_flags(),
             "serve_constants": serve_constants(),

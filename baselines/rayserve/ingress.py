@@ -1,9 +1,10 @@
 """The orchestrator ingress deployment: the per-request work of a production middle layer.
 
-Per request: parse and validate the header contract and the OpenAI body, charge the tenant's
-token budget, wait in a bounded FIFO, route to an engine replica by ``zl-session`` (Serve's
-router picks the replica), retry before the first token with jittered backoff, stream SSE back,
-and write one log line.
+Per request: authenticate the tenant when given a key file (the same file and checks as the
+zero-layer replica's ``--api-keys``, ``zerolayer.server.auth``), parse and validate the header
+contract and the OpenAI body, charge the (authenticated) tenant's token budget, wait in a bounded
+FIFO, route to an engine replica by ``zl-session`` (Serve's router picks the replica), retry
+before the first token with jittered backoff, stream SSE back, and write one log line.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.responses import Response, StreamingResponse
 
 from baselines.rayserve.admission import FifoGate, TokenBuckets
 from baselines.rayserve.items import ChunkItem, ErrorItem
+from zerolayer.server.auth import Authenticator, Grant
 from zerolayer.wire.contract import (
     DEADLINE_EXCEEDED,
     ENGINE_DOWN,
@@ -64,6 +66,12 @@ def error_response(exc: ContractError, request_id: str) -> Response:
     pairs = error_headers(exc.error, request_id.encode(), exc.retry_after_ms)
     headers = {name.decode(): value.decode() for name, value in pairs}
     return Response(error_body(exc.error, exc.message), exc.error.status, headers)
+
+
+def _authorization(request: Request) -> bytes | None:
+    """The raw ``authorization`` header, as the replica's authenticator takes it."""
+    value = request.headers.get("authorization")
+    return None if value is None else value.encode("latin-1")
 
 
 class _Attempt:
@@ -106,6 +114,13 @@ class Orchestrator:
             {t: (b["rate"], b["burst"]) for t, b in settings["tenant_budgets"].items()},
         )
         self.gate = FifoGate(settings["inflight_limit"], settings["queue_limit"])
+        grants = settings.get("api_keys")
+        # None: zl-tenant and zl-priority are trusted as sent (local benchmarking).
+        self.auth = (
+            None
+            if grants is None
+            else Authenticator({digest: Grant(**grant) for digest, grant in grants.items()})
+        )
 
     async def __call__(self, request: Request) -> Response:
         start = time.monotonic()
@@ -120,6 +135,8 @@ class Orchestrator:
             if request.method != "GET":
                 raise ContractError(METHOD_NOT_ALLOWED, f"{path} takes GET")
             if path == "/v1/models":
+                if self.auth is not None:  # every /v1 route needs credentials, as in vllm serve
+                    self.auth.credentials(_authorization(request), None)
                 return Response(models_body(self.model), 200, media_type="application/json")
             if path == "/health":
                 return Response(
@@ -137,6 +154,8 @@ class Orchestrator:
         self, request: Request, kind: str, request_id: str, start: float
     ) -> Response:
         meta = parse_headers(request.headers.items())
+        if self.auth is not None:
+            meta = self.auth.authorize(meta, _authorization(request), None)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             raise ContractError(PAYLOAD_TOO_LARGE, f"body over {self.max_body} bytes")

@@ -104,6 +104,10 @@ export default function () {
   headers[H.deadline] = String(p.deadline_ms);
   headers[H.prompt_tokens] = String(p.prompt_tokens);
   headers[H.max_tokens] = String(p.max_tokens);
+  const auth = CFG.auth_headers[p.tenant];
+  if (auth) {
+    headers['authorization'] = auth;
+  }
   const prompt = (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
   const body = JSON.stringify(Object.assign(
     { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed }, CFG.extra_body));
@@ -189,9 +193,11 @@ def write_inputs(
     grace_s: float,
     trust: TlsTrust,
     extra_body: Mapping[str, Any] | None = None,
+    auth_headers: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """The script, the plan with each request's replica and prompt fillers (``base.write_plan``),
-    and the k6 config (with the fields every request body adds, ``Stack.body_fields``)."""
+    and the k6 config (with the fields every request body adds, ``Stack.body_fields``, and each
+    tenant's ``authorization`` header, ``Credentials.headers``)."""
     paths = write_plan(schedule, routes, workdir, grace_s)
     config: dict[str, Any] = {
         "rate_per_1000s": max(1, round(rate * 1000)),
@@ -200,6 +206,7 @@ def write_inputs(
         "graceful_stop_ms": graceful_stop_ms(schedule, grace_s),
         "insecure_skip_tls_verify": trust.skip_verify,
         "extra_body": dict(extra_body or {}),
+        "auth_headers": dict(auth_headers or {}),
         "headers": {
             "session": contract.SESSION,
             "tenant": contract.TENANT,
@@ -319,6 +326,7 @@ def run_k6(
     lag_fraction: float | None = None,
     trust: TlsTrust | None = None,
     extra_body: Mapping[str, Any] | None = None,
+    auth_headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
     """Run k6 with request ``i`` sent to ``routes[i]`` (https:// for HTTP/2) and summarise it.
 
@@ -329,7 +337,7 @@ def run_k6(
     trust = trust if trust is not None else tls_trust(routes, None)
     paths = write_inputs(
         schedule, routes, workdir, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s,
-        trust=trust, extra_body=extra_body,
+        trust=trust, extra_body=extra_body, auth_headers=auth_headers,
     )  # fmt: skip
     limit_s = duration_s + graceful_stop_ms(schedule, grace_s) / 1000.0 + 30.0
     logged, metrics = _run_process(paths, workdir, trust, limit_s)
@@ -432,6 +440,7 @@ class K6Loader:
             lag_fraction=self.lag_fraction,
             trust=tls_trust(stack.urls, stack.tls_ca),
             extra_body=stack.body_fields(),
+            auth_headers=None if stack.credentials is None else stack.credentials.headers(),
         )
         report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)
         return result

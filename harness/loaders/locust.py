@@ -65,11 +65,13 @@ def run_locust(
     lag_fraction: float | None = None,
     ca_cert: str | Path | None = None,
     extra_body: Mapping[str, Any] | None = None,
+    auth_headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
     """Run the schedule through locust, request ``i`` to ``routes[i]`` (HTTP/1.1), and summarise.
 
     ``ca_cert`` is the certificate to trust for https URLs (the run's self-signed one);
-    ``extra_body`` the fields every request body adds (``Stack.body_fields``).
+    ``extra_body`` the fields every request body adds (``Stack.body_fields``); ``auth_headers``
+    each tenant's ``authorization`` header (``Credentials.headers``).
     """
     workdir, records_path = Path(workdir), Path(records_path)
     records_path.unlink(missing_ok=True)
@@ -84,6 +86,7 @@ def run_locust(
         "users": users,
         "verify": str(ca_cert) if ca_cert is not None else True,
         "extra_body": dict(extra_body or {}),
+        "auth_headers": dict(auth_headers or {}),
     }
     config_path = workdir / "locust-config.json"
     config_path.write_text(json.dumps(config))
@@ -184,6 +187,7 @@ class LocustLoader:
             lag_fraction=self.lag_fraction,
             ca_cert=stack.tls_ca,
             extra_body=stack.body_fields(),
+            auth_headers=None if stack.credentials is None else stack.credentials.headers(),
         )
         result.extra["arrival_requested"] = profile.process
         report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)

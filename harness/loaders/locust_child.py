@@ -99,6 +99,9 @@ def _post(client: HttpSession, p: dict[str, Any], rec: RequestRecord, run: _Run)
             max_tokens=p["max_tokens"],
         )
     )  # fmt: skip
+    auth = run.cfg.get("auth_headers", {}).get(p["tenant"])
+    if auth:
+        headers["authorization"] = auth
     rec.sent_ns = run.now()
     with client.post(
         p["url"] + PATH, json=body, headers=headers, stream=True, name=PATH,

@@ -68,7 +68,7 @@ from zerolayer.engine import Engine, EngineError, EngineRequest
 
 if TYPE_CHECKING:
     from harness.profile import Profile
-    from harness.stacks import Http1Router, Stack
+    from harness.stacks import Credentials, Http1Router, Stack
 
 SendFn = Callable[[PlannedRequest, RequestRecord], Awaitable[None]]
 # submit(request, record, done): start the request now; done(record) once it has ended.
@@ -479,14 +479,19 @@ def copy_timing(timing: Timing, rec: RequestRecord, tokens: int) -> None:
     rec.outcome = _OUTCOMES[timing.outcome]
 
 
-def client_sender(client: ZeroLayerClient | Http1Client | Http1Router) -> Sender:
-    """Send through a zero-layer client (``ZeroLayerClient`` over HTTP/2 or ``Http1Client``).
+def client_sender(
+    client: ZeroLayerClient | Http1Client | Http1Router, credentials: Credentials | None = None
+) -> Sender:
+    """Send through a zero-layer client (``ZeroLayerClient`` over HTTP/2 or ``Http1Client``),
+    each request with its tenant's API key when the stack has ``credentials`` (else the client's
+    own, if any).
 
     Both clients expose ``stream(prompt=..., ...)`` with a ``timing`` record and raise
     ``ZeroLayerError`` (which carries the timing) when a request does not complete. The SDK's
     callback API (``ZeroLayerClient.submit``) becomes the Sender's ``submit``, which
     ``run_schedule`` prefers: no task per request.
     """
+    keys: Mapping[str, str] = {} if credentials is None else credentials.keys
 
     async def send(req: PlannedRequest, rec: RequestRecord) -> None:
         stream = client.stream(
@@ -497,6 +502,7 @@ def client_sender(client: ZeroLayerClient | Http1Client | Http1Router) -> Sender
             priority=req.priority,
             deadline_ms=req.deadline_ms,
             seed=req.seed,
+            api_key=keys.get(req.tenant),
         )
         tokens = 0
         try:
@@ -527,6 +533,7 @@ def client_sender(client: ZeroLayerClient | Http1Client | Http1Router) -> Sender
             priority=req.priority,
             deadline_ms=req.deadline_ms,
             seed=req.seed,
+            api_key=keys.get(req.tenant),
         )
 
     return Sender(send, submit)
@@ -569,7 +576,7 @@ class NativeLoader:
         async with stack.open_client(**options) as client:
             return await run_schedule(
                 schedule,
-                client_sender(client),
+                client_sender(client, stack.credentials),
                 stack=str(stack.name),
                 profile=profile.name,
                 records_path=records,
