@@ -1,6 +1,7 @@
 """Sessions: ``bench`` (the main job), ``sweep`` (load curves), ``tests`` (what CI runs),
 ``lint`` (ruff, import contracts, mypy), ``vllm`` (the tests against the real CPU vLLM),
-``chaos``, ``benchmarks`` (pytest-benchmark), ``overhead`` and ``fidelity``."""
+``chaos``, ``attack`` (the attack suite), ``benchmarks`` (pytest-benchmark), ``overhead`` and
+``fidelity``."""
 
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ def chaos(session: nox.Session) -> None:
     """Every chaos experiment on both stacks; arguments go to ``zl-bench chaos``."""
     session.install("-e", ".")
     session.run("zl-bench", "chaos", *(session.posargs or ["--scale", "laptop"]))
+
+
+@nox.session(python=PYTHON)
+def attack(session: nox.Session) -> None:
+    """The attack suite: each attack of issue 14 against a fresh replica beside a healthy client.
+    Arguments go to ``zl-bench attack``: ``--only NAME``, ``--seconds``, ``--engine``, ``--out``.
+    """
+    session.install("-e", ".")
+    session.run("zl-bench", "attack", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -50,6 +50,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "with intervals); exit 0 no regression, 1 regression, 2 incomparable",
     ),
     Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
+    Subcommand(
+        "attack",
+        "bench.attack",
+        "run the attack suite against fresh replicas beside a healthy client; exit 1 if any "
+        "attack breaks its bounds",
+    ),
     Subcommand("overhead", "bench.overhead", "measure the serving layer's own overhead"),
     Subcommand("capacity", "bench.loader_capacity", "measure each load generator's own ceiling"),
     Subcommand(

@@ -1,0 +1,128 @@
+"""What one attack found: what the replica did, how the healthy client fared, memory, ``active``.
+
+The bounds an attack is judged by are derived here, in one place:
+
+- healthy success ratio 1.0: every request of the well-behaved client beside the attack
+  completes (the issue's bar: one client's abuse costs another client nothing);
+- ``active`` back to 0 within :data:`SETTLE_S` after the attack's sockets are closed (a reset or
+  abandoned request must free its call; the suite's timeouts are all shorter than that);
+- RSS growth (peak during the attack over the sample just before it) under
+  ``RSS_SLACK_BYTES + connections * CONNECTION_STATE_BYTES + buffered * connection_buffer_bytes``:
+  what the replica may legitimately hold for the attacker's open connections (protocol state,
+  and the per-connection memory budget ``Limits.connection_buffer_bytes`` for each connection
+  the attack makes it buffer for), plus the allocator's and interpreter's own noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+SETTLE_S: Final = 5.0
+"""How long ``active`` may take to return to 0 after an attack: past every suite timeout
+(:data:`chaos.attacks.target.SUITE_LIMITS`, all 2 s or less) and the healthy client's deadline."""
+RSS_SLACK_BYTES: Final = 24 << 20
+"""Growth allowed with no attack at all: pymalloc arenas, uvloop buffers and the healthy client's
+own requests move a replica's RSS by a few MiB over seconds of steady load."""
+CONNECTION_STATE_BYTES: Final = 64 << 10
+"""What one open connection may hold without a request: the h2 state machine, two 4 KiB HPACK
+tables, and the transport's 64 KiB read buffer at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What an attack itself saw: the replica's answer in words, and any attack-specific check
+    that failed (a healthy stream on the attacker's connection cut, a slow connection never
+    closed, rows lost past the stated bound). ``skipped``: why the attack could not run."""
+
+    did: str
+    problems: tuple[str, ...] = ()
+    skipped: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RssBound:
+    """The growth an attack may cause: see the module docstring."""
+
+    connections: int
+    buffered: int
+    connection_buffer_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return (
+            RSS_SLACK_BYTES
+            + self.connections * CONNECTION_STATE_BYTES
+            + self.buffered * self.connection_buffer_bytes
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One attack's result: see the module docstring for what passes."""
+
+    attack: str
+    item: int
+    did: str
+    healthy_ok: int
+    healthy_total: int
+    healthy_errors: dict[str, int]
+    rss_before: int
+    rss_peak: int
+    rss_after: int
+    rss_bound: int
+    active_after: int | None
+    problems: tuple[str, ...] = ()
+    skipped: str = ""
+    seconds: float = 0.0
+    failures: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return not self.skipped and not self.failures
+
+    @property
+    def verdict(self) -> str:
+        return "skip" if self.skipped else ("pass" if self.passed else "FAIL")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed, "verdict": self.verdict}
+
+    def line(self) -> str:
+        """One progress line: the verdict, what the replica did, and the numbers judged."""
+        if self.skipped:
+            return f"{self.attack:<20} skip  {self.skipped}"
+        active = "gone" if self.active_after is None else str(self.active_after)
+        text = (
+            f"{self.attack:<20} {self.verdict:<4}  {self.did}; healthy "
+            f"{self.healthy_ok}/{self.healthy_total}; RSS {mib(self.rss_before)} -> "
+            f"{mib(self.rss_after)} (peak {mib(self.rss_peak)}, bound "
+            f"+{mib(self.rss_bound)}); active {active}"
+        )
+        return text + "".join(f"\n{'':<26}- {failure}" for failure in self.failures)
+
+
+def judge(
+    observed: Observed,
+    healthy_ok: int,
+    healthy_total: int,
+    rss: tuple[int, int, int],
+    bound: RssBound,
+    active_after: int | None,
+    *,
+    replica_killed: bool = False,
+) -> tuple[str, ...]:
+    """Every bound the outcome misses, in words (empty: it passes)."""
+    before, peak, _ = rss
+    failures = list(observed.problems)
+    if healthy_ok != healthy_total:
+        failures.append(f"healthy client: {healthy_ok} of {healthy_total} requests completed")
+    if peak - before > bound.bytes:
+        failures.append(f"RSS grew {mib(peak - before)}, bound {mib(bound.bytes)}")
+    if not replica_killed and active_after != 0:
+        failures.append(f"active is {active_after} {SETTLE_S:g} s after the attack, not 0")
+    return tuple(failures)
+
+
+def mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"

@@ -1,0 +1,79 @@
+"""The standing attack suite (issue 14): each attack for a second against a fresh ``zl-replica``
+beside a healthy SDK client; the client's requests all complete, RSS stays under the attack's
+bound and ``active`` returns to 0. Plus the judging and the command line's user mistakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cli import main
+from chaos.attacks.context import Setup
+from chaos.attacks.outcome import RSS_SLACK_BYTES, Observed, RssBound, judge
+from chaos.attacks.runner import ATTACKS, NAMES, Attack, run_attack, select
+
+SECONDS = 1.0
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=NAMES)
+def test_attack_keeps_within_bounds(attack: Attack) -> None:
+    outcome = run_attack(attack, SECONDS)
+    if outcome.skipped:
+        pytest.skip(outcome.skipped)
+    assert outcome.passed, outcome.line()
+
+
+def test_every_attack_has_a_summary_and_an_issue_item() -> None:
+    for attack in ATTACKS:
+        assert attack.summary and attack.item in range(1, 12), attack.name
+    assert len(set(NAMES)) == len(NAMES)
+
+
+def test_select_keeps_the_suite_order_and_refuses_unknown_names() -> None:
+    assert [a.name for a in select(["cl-te", "rapid-reset"])] == ["rapid-reset", "cl-te"]
+    assert select([]) == ATTACKS
+    with pytest.raises(ValueError, match="unknown attack 'nope'"):
+        select(["nope"])
+
+
+def test_judge_names_every_bound_missed() -> None:
+    bound = RssBound(connections=1, buffered=1, connection_buffer_bytes=1 << 20)
+    grew = bound.bytes + 1
+    failures = judge(Observed("x", ("cut",)), 3, 4, (0, grew, 0), bound, 2)
+    assert failures == (
+        "cut",
+        "healthy client: 3 of 4 requests completed",
+        f"RSS grew {grew / (1 << 20):.1f} MiB, bound {bound.bytes / (1 << 20):.1f} MiB",
+        "active is 2 5 s after the attack, not 0",
+    )
+    assert judge(Observed("x"), 4, 4, (0, bound.bytes, 0), bound, 0) == ()
+    assert judge(Observed("x"), 0, 0, (0, 0, 0), bound, None, replica_killed=True) == ()
+
+
+def test_rss_bound_counts_connections_and_their_budgets() -> None:
+    bound = RssBound(connections=300, buffered=2, connection_buffer_bytes=2 << 20)
+    assert bound.bytes == RSS_SLACK_BYTES + 300 * (64 << 10) + 2 * (2 << 20)
+
+
+def test_a_setup_that_cannot_run_skips_with_its_reason() -> None:
+    attack = Attack("x", 8, lambda ctx: Observed(""), setup=lambda _: Setup(skipped="no flag"))
+    outcome = run_attack(attack, SECONDS)
+    assert outcome.skipped == "no flag" and outcome.verdict == "skip" and not outcome.passed
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--only", "nope"], "unknown attack 'nope'"),
+        (["--seconds", "0"], "must be a positive number"),
+        (["--engine", "vllm"], "invalid choice"),
+        (["--out", "/no/such/dir/out.json"], "--out: no such directory"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["attack", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zl-bench: error: ") and err.count("\n") == 1 and says in err, err
