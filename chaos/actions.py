@@ -244,12 +244,18 @@ def _health_conn(url: str, tls_ca: str) -> http.client.HTTPConnection:
     return http.client.HTTPSConnection(host, port, timeout=1.0, context=ctx)
 
 
-def _wait_listening(url: str, deadline: float, tls_ca: str = "", path: str = "/health") -> bool:
-    """Until ``GET path`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes."""
+def _wait_listening(
+    url: str, deadline: float, tls_ca: str = "", path: str = "/health", api_key: str | None = None
+) -> bool:
+    """Until ``GET path`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes.
+
+    ``api_key`` goes with every try: the readiness path may be a ``/v1`` route (Ray Serve LLM's
+    ``/v1/models``), which needs a key on a stack that checks them; ``/health`` ignores it."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         conn = _health_conn(url, tls_ca)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             response.read()
             if response.status == 200:
@@ -311,8 +317,9 @@ def wait_ready(
     while not _ready(target) and time.monotonic() < deadline:
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
+    key = target.default_api_key
     healthy = _ready(target) and all(
-        _wait_listening(u, deadline, target.tls_ca, target.health_path) for u in urls
+        _wait_listening(u, deadline, target.tls_ca, target.health_path, key) for u in urls
     )
     if not healthy:
         raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
@@ -339,10 +346,12 @@ async def _pressure(
     tls_ca = Path(target.tls_ca) if target.tls_ca else None
     if target.stack == "zerolayer":
         url = target.replicas[index % len(target.replicas)].url
-        client = client_for("h2", [url], tls_ca, max_retries=0, health_interval_s=0)
+        client = client_for(
+            "h2", [url], tls_ca, max_retries=0, health_interval_s=0, api_key=target.default_api_key
+        )
     else:
         url = target.load_urls[0]
-        client = client_for("http1", [url], tls_ca)
+        client = client_for("http1", [url], tls_ca, api_key=target.default_api_key)
     outcomes: dict[str, int] = {}
 
     async def one(i: int) -> None:

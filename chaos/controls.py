@@ -32,7 +32,7 @@ from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
 from harness.loaders.native import client_sender, run_schedule
 from harness.profile import Profile, load_profile
 from harness.schema import JsonlWriter
-from harness.stacks import client_for
+from harness.stacks import Credentials, client_for
 from harness.telemetry import (
     Component,
     EngineSource,
@@ -142,8 +142,12 @@ class BackgroundLoad:
         return self.result
 
     def _client(self) -> ZeroLayerClient | Http1Client:
-        """The stack's client over the target's load URLs (the fault proxy among them)."""
-        options: dict[str, Any] = {"grace_ms": int(DEFAULT_GRACE_S * 1000)}
+        """The stack's client over the target's load URLs (the fault proxy among them); under
+        ``--auth`` each request carries its tenant's key (see :func:`target_credentials`)."""
+        options: dict[str, Any] = {
+            "grace_ms": int(DEFAULT_GRACE_S * 1000),
+            "api_key": self.target.default_api_key,
+        }
         if self.target.protocol == "h2":
             options["health_interval_s"] = float(self.conf.get("health_interval_s", 1.0))
             options["health_timeout_s"] = float(self.conf.get("health_timeout_s", 0.5))
@@ -172,7 +176,7 @@ class BackgroundLoad:
             try:
                 self.result = await run_schedule(
                     self.schedule,
-                    client_sender(client),
+                    client_sender(client, target_credentials(self.target)),
                     stack=self.target.stack,
                     profile=PROFILE,
                     records_path=self.records_path,
@@ -190,6 +194,13 @@ class BackgroundLoad:
             self.error = exc
         finally:
             self._done.set()
+
+
+def target_credentials(target: Target) -> Credentials | None:
+    """The stack's credentials from the target file, for the loader's per-tenant keys."""
+    if not target.api_keys:
+        return None
+    return Credentials(Path(target.api_key_file), target.api_keys)
 
 
 def components(target: Target) -> list[Component]:

@@ -36,6 +36,7 @@ from harness.stacks import (
     LLM_BASELINE_IMPL,
     STACKS,
     VLLM_READY_TIMEOUT_S,
+    Credentials,
     Stack,
     StackName,
     StackSpec,
@@ -211,6 +212,16 @@ def _baseline_target(stack: Stack, proxy: NetProxy) -> Target:
     )
 
 
+def _with_credentials(target: Target, credentials: Credentials | None) -> Target:
+    """The target carrying the stack's keys (``--auth``), so that the chaos load sends each
+    tenant's key and the actions the default one (a killed replica comes back with its
+    ``--api-keys`` through its saved command)."""
+    if credentials is not None:
+        target.api_keys = dict(credentials.keys)
+        target.api_key_file = str(credentials.key_file)
+    return target
+
+
 def adopt_restarted(stack: Stack, target_file: Path) -> None:
     """Make replicas that chaos started again (new pids in the target file) the stack's own."""
     for spec in read_target(target_file).replicas:
@@ -227,7 +238,7 @@ def fault_target(stack: Stack, chaos_dir: Path) -> Iterator[Path]:
     path = chaos_dir / f"target-{stack.name}.json"
     with NetProxy(stack.urls[0].split("://", 1)[1]) as proxy:  # entering starts it
         build = _zerolayer_target if stack.name is StackName.ZEROLAYER else _baseline_target
-        write_target(path, build(stack, proxy))
+        write_target(path, _with_credentials(build(stack, proxy), stack.credentials))
         try:
             yield path
         finally:

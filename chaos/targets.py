@@ -47,7 +47,11 @@ class Target:
     ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry.
     ``baseline_app`` says whose Ray actors the baseline's pids are: ``orchestrator`` (ours) or
     ``llm`` (Ray Serve LLM); ``health_path`` what answers 200 on ``health_url`` once the stack
-    serves (Ray Serve LLM's OpenAI app has no ``/health``: ``/v1/models``).
+    serves (Ray Serve LLM's OpenAI app has no ``/health``: ``/v1/models``). ``api_keys`` (tenant
+    -> API key, the first also the key of requests naming no tenant) and ``api_key_file`` (what
+    the stack started with) are set when the stack authenticates tenants (``zl-bench run
+    --auth``); the keys stay out of ``repr`` so that no log shows them, and the file this is
+    written to is the owner's alone, like the key file.
     """
 
     stack: str
@@ -65,6 +69,14 @@ class Target:
     engine_stats_files: list[str] = field(default_factory=list)
     baseline_app: str = ""
     health_path: str = "/health"
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)
+    api_key_file: str = ""
+
+    @property
+    def default_api_key(self) -> str | None:
+        """The key of a request that names no tenant (KV pressure, readiness on a ``/v1`` path);
+        None when the stack checks no keys."""
+        return next(iter(self.api_keys.values()), None)
 
     @property
     def engine_role(self) -> str:
@@ -81,7 +93,8 @@ class Target:
 
 
 def write_target(path: str | os.PathLike[str], target: Target) -> Path:
-    """Write atomically (rename), so a provider reading concurrently never sees half a file."""
+    """Write atomically (rename), so a provider reading concurrently never sees half a file;
+    ``mkstemp`` makes the file readable by its owner only, as the API keys in it need."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".target-", suffix=".json")

@@ -93,7 +93,7 @@ class Credentials:
     requests that name no tenant: warm-up, probes)."""
 
     key_file: Path
-    keys: Mapping[str, str]
+    keys: Mapping[str, str] = field(repr=False)  # secrets: never in a log line
 
     def __post_init__(self) -> None:
         if not self.keys:

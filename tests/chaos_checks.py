@@ -14,7 +14,7 @@ from chaos.actions import wait_ready
 from chaos.recovery import Recovery
 from harness.profile import Profile, load_profile
 from harness.schema import read_jsonl, read_requests, requests_file
-from harness.stacks import Stack, StackName, StackSpec, stand_up
+from harness.stacks import Credentials, Stack, StackName, StackSpec, stand_up
 from zerolayer.wire.contract import MAX_DEADLINE_MS
 
 EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
@@ -44,11 +44,15 @@ def allowing(profile: Profile, standup_s: float) -> Profile:
 
 
 @contextlib.contextmanager
-def stack_under_chaos(name: StackName, workdir: Path) -> Iterator[tuple[Stack, Path, Profile]]:
-    """Stand the stack up (timed), put the fault proxy in front; yield it, its target file and
-    the profile whose allowances follow from the stand-up time."""
+def stack_under_chaos(
+    name: StackName, workdir: Path, credentials: Credentials | None = None
+) -> Iterator[tuple[Stack, Path, Profile]]:
+    """Stand the stack up (timed; with ``credentials``, authenticating tenants), put the fault
+    proxy in front; yield it, its target file and the profile whose allowances follow from the
+    stand-up time."""
     start = time.monotonic()
-    with stand_up(StackSpec(name, "sim", ENGINE_OPTIONS, replicas=2), workdir) as stack:
+    spec = StackSpec(name, "sim", ENGINE_OPTIONS, replicas=2, credentials=credentials)
+    with stand_up(spec, workdir) as stack:
         profile = allowing(load_profile("d_fault", SCALE), time.monotonic() - start)
         chaos_dir = workdir / "chaos"
         chaos_dir.mkdir(parents=True, exist_ok=True)
