@@ -46,6 +46,9 @@ class _Transport:
     def get_extra_info(self, name: str) -> None:
         return None
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 

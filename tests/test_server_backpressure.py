@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
+from zerolayer.engine import NullEngine
 from zerolayer.engine.types import EngineRequest, EngineStats, TokenChunk
 from zerolayer.server import start_replica
 from zerolayer.server.core import Replica
@@ -88,6 +89,9 @@ class MemoryTransport:
         self.out.clear()
         return data
 
+    def get_write_buffer_size(self) -> int:
+        return len(self.out)
+
     def pause_reading(self) -> None:
         self.reading = False
 
@@ -101,6 +105,9 @@ class MemoryTransport:
         return self.closed
 
     def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
         self.closed = True
 
 
@@ -341,6 +348,52 @@ async def test_an_ack_with_another_payload_does_not_count() -> None:
     assert await until(lambda: peer.transport.closed)
     peer.receive()
     assert len(peer.pings) == 1, "the forged ACK counted: the replica sent another PING"
+
+
+@run
+async def test_a_connection_closed_on_a_client_that_reads_nothing_is_aborted_after_linger() -> None:
+    """A close waits for the socket to take what is buffered: for a client that reads nothing
+    (its PING unanswered) that would hold the connection and its descriptor for ever."""
+    keepalive, linger = 0.2, 0.2
+    limits = Limits(keepalive_s=keepalive, linger_s=linger)
+    async with await start_replica(NullEngine(), limits=limits) as replica:
+        sock = socket.create_connection(("127.0.0.1", replica.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        conn = h2.connection.H2Connection(config)
+        conn.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 30}
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(1 << 30)
+        body = orjson.dumps({"prompt": "p", "max_tokens": MAX_OUTPUT_TOKENS})
+        for _ in range(32):  # ~10 MB of answers: more than the socket buffers on both sides
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(b":method", b"POST"), (b":path", b"/v1/completions"),
+                                    (b":scheme", b"http"), (b":authority", b"r"),
+                                    (b"content-length", str(len(body)).encode())])  # fmt: skip
+            conn.send_data(sid, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        try:
+            assert await until(lambda: replica.replica.outcomes["completed"] == 32)
+            # All 32 answers were framed in one loop turn: the socket's buffer still stops near
+            # its high-water mark (one frame past it), the rest waits in the streams' buffers.
+            (protocol,) = replica._protocols
+            assert protocol.transport is not None and isinstance(protocol.handler, H2Handler)
+            # Past the mark by at most the DATA frame that crossed it and the frames around it
+            # (HEADERS) that the count of DATA framed leaves out.
+            frame = protocol.handler.h2.max_outbound_frame_size + 9
+            slack = 2 * frame
+            assert protocol.transport.get_write_buffer_size() <= limits.write_high_water() + slack
+            assert protocol.handler.unsent <= limits.connection_buffer_bytes
+            # Two keepalive intervals close it, then linger_s aborts it: allow ten times that.
+            gone = await until(
+                lambda: replica.replica.connections == 0, 100, (2 * keepalive + linger) / 10
+            )
+            assert gone, "a connection whose client reads nothing was never let go"
+            assert replica.replica.active == 0
+        finally:
+            sock.close()
 
 
 # -- 4. idle timeout: GOAWAY(NO_ERROR) and close after idle_timeout_s with no open stream ---------

@@ -26,10 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("zerolayer.server.connection")
 
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# The transport's write buffer pauses the protocol at this fraction of the connection's memory
-# budget (limits.connection_buffer_bytes); the rest is for header blocks, bodies in progress and
-# HTTP/2's per-stream buffers. It resumes at a quarter of that, asyncio's own ratio (64/16 KiB).
-WRITE_BUFFER_SHARE: Final = 4
+# The transport's write buffer pauses the protocol at limits.write_high_water() and resumes it
+# at a quarter of that, asyncio's own ratio (64/16 KiB).
 WRITE_LOW_RATIO: Final = 4
 # At most one WARNING for refused connections in this many seconds: a flood of refusals is one
 # line (with the count), not one line each; /metrics counts every one.
@@ -99,7 +97,7 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        high = self.replica.limits.connection_buffer_bytes // WRITE_BUFFER_SHARE
+        high = self.replica.limits.write_high_water()
         self.transport.set_write_buffer_limits(high=high, low=high // WRITE_LOW_RATIO)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:

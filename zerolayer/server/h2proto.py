@@ -218,6 +218,9 @@ class H2Handler:
         self._dirty = False
         self._closed = False
         self._lingering = False
+        self._lost = False
+        self._unflushed = 0
+        self._flush_at = limits.write_high_water()
         self.send_buffer = replica.limits.stream_send_buffer_bytes
         # Response bytes held for the client in the streams' buffers, in all.
         self.unsent = 0
@@ -461,6 +464,7 @@ class H2Handler:
                 conn.send_data(stream.sid, data, end_stream=end)
                 if end:
                     stream.local_ended = True
+                self._framed(size)
                 return
             stream.pending = bytearray(data)
         else:
@@ -490,6 +494,7 @@ class H2Handler:
                 conn.send_data(sid, bytes(pending[:size]), end_stream=last and stream.pending_end)
                 del pending[:size]
                 self.unsent -= size
+                self._framed(size)
             if stream.pending_end:
                 stream.local_ended = True
             stream.pending = None
@@ -593,8 +598,18 @@ class H2Handler:
             self._dirty = True
             self.loop.call_soon(self.flush)
 
+    def _framed(self, size: int) -> None:
+        """Count DATA framed since the last flush; past the socket's high-water mark, flush now.
+        Writes are coalesced into one flush per loop turn, but one turn can frame the answers of
+        many streams (an engine that answers at once): without this they would all land in the
+        socket's buffer before it could say it is full (``pause_writing``)."""
+        self._unflushed += size
+        if self._unflushed + self.transport.get_write_buffer_size() >= self._flush_at:
+            self.flush()
+
     def flush(self) -> None:
         self._dirty = False
+        self._unflushed = 0
         data = self.h2.data_to_send()
         if data and not self._closed and not self._lingering:
             self.transport.write(data)
@@ -662,6 +677,15 @@ class H2Handler:
         self._closed = True
         self._cancel_timers()
         self.transport.close()
+        # close() waits for the socket to take what is buffered; a client that reads nothing
+        # would hold the connection (and its descriptor) for ever: abort once linger_s passed.
+        self.loop.call_later(self.replica.limits.linger_s, self._abort_unless_lost)
+
+    def _abort_unless_lost(self) -> None:
+        if not self._lost:
+            log.info("connection closed but its output unread for %.1f s; aborting",
+                     self.replica.limits.linger_s)  # fmt: skip
+            self.transport.abort()
 
     def _cancel_timers(self) -> None:
         if self._keepalive is not None:
@@ -672,7 +696,7 @@ class H2Handler:
             self._body_timer.cancel()
 
     def connection_lost(self) -> None:
-        self._closed = True
+        self._closed = self._lost = True
         self._cancel_timers()
         self._abandon_streams()
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 FD_HEADROOM: Final = 64
+WRITE_BUFFER_SHARE: Final = 4
 
 
 def _limit(default: Any, doc: str, precedent: str) -> Any:
@@ -150,6 +151,13 @@ class Limits:
         "are folded into one 'other' row past it (the accounting file keeps every row)",
         "Prometheus' advice to bound label cardinality",
     )
+
+    def write_high_water(self) -> int:
+        """Bytes a connection's socket buffer may hold before the replica stops writing into it
+        and reading from it (asyncio's ``pause_writing``): a quarter of
+        ``connection_buffer_bytes``; the rest is for bodies in progress and the streams' own
+        buffers."""
+        return self.connection_buffer_bytes // WRITE_BUFFER_SHARE
 
     def connection_cap(self) -> int:
         """``max_connections``, or the fd limit less its headroom when that is 0."""
