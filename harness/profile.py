@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ _TOP_KEYS = {
     "fault",
     "chaos",
     "slo",
+    "workload",
 }
 _CLASS_KEYS = {
     "name",
@@ -61,6 +63,7 @@ _SCALE_KEYS = {
     "slo",
     "sweep_duration_s",
     "sweep_repeats",
+    "workload",
 }
 DEFAULT_SWEEP_DURATION_S: Final = 10.0
 DEFAULT_SWEEP_REPEATS: Final = 3
@@ -80,6 +83,39 @@ class RequestClass:
     @property
     def prompt_tokens(self) -> int:
         return max(1, math.ceil(self.prompt_bytes / BYTES_PER_TOKEN))
+
+
+class WorkloadSource(StrEnum):
+    """Where a profile's requests come from (``[workload] source``, or ``--workload``)."""
+
+    SYNTHETIC = "synthetic"  # the classes' sizes, independent prompts (the default)
+    SHAREGPT = "sharegpt"  # conversations from a ShareGPT-format file, replayed as sessions
+    TRACE = "trace"  # arrival offsets and lengths from a trace file, at its own timing
+    SESSIONS = "sessions"  # generated multi-turn sessions over shared per-tenant prefixes
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """A profile's workload source and its settings (``[workload]`` in the TOML).
+
+    ``path``: the ShareGPT or trace file (relative paths resolve against the repository root).
+    ``time_scale``: a trace's offsets are multiplied by it (0.5 replays twice as fast).
+    ``max_turns``: turns used per conversation or generated session (ShareGPT's default 1 is
+    ``vllm bench serve``'s: the first human turn as prompt, the first reply's length as output).
+    ``think_s``: mean think time between a session's turns (exponential, seeded), measured from
+    one turn's send to the next. ``prefix_tokens``: the shared prefix (system prompt, tool
+    definitions) every session of one prefix group starts with; ``prefix_groups``: how many
+    distinct prefixes (one per tenant when 0). ``message_tokens``: each new user message.
+    """
+
+    source: WorkloadSource = WorkloadSource.SYNTHETIC
+    path: str = ""
+    time_scale: float = 1.0
+    max_turns: int = 1
+    think_s: float = 0.0
+    prefix_tokens: int = 0
+    prefix_groups: int = 0
+    message_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +211,7 @@ class Profile:
     slos: tuple[Slo, ...] = ()
     sweep_duration_s: float = DEFAULT_SWEEP_DURATION_S
     sweep_repeats: int = DEFAULT_SWEEP_REPEATS
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
 
     def as_dict(self) -> dict[str, Any]:
         """For run metadata: the exact load that was asked for."""

@@ -78,6 +78,8 @@ class RequestRecord:
     retries: int = 0
     deadline_ms: int = 0
     engine_ns: int = 0
+    # The request's turn in its session (1, 2, ...; 0 for a workload without turns).
+    turn: int = 0
 
     def to_json(self) -> bytes:
         """orjson serialises dataclasses natively: same JSON as ``asdict`` at a tenth of the cost

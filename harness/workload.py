@@ -63,7 +63,13 @@ def make_prompt(request_id: str, prompt_bytes: int, seed: int = 0) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PlannedRequest:
-    """One request of the schedule: when to send it and what to send."""
+    """One request of the schedule: when to send it and what to send.
+
+    A synthetic request's prompt is made from its id and ``prompt_bytes``; a request of a
+    dataset, trace or session workload carries its prompt in ``text`` and its length under the
+    schedule's token rule in ``tokens`` (``harness.tokens``). ``turn`` is its place in its
+    session (1, 2, ...), 0 where the workload has no turns.
+    """
 
     index: int
     request_id: str
@@ -76,13 +82,20 @@ class PlannedRequest:
     tenant: str
     priority: str
     deadline_ms: int
+    turn: int = 0
+    text: str = ""
+    tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
+        if self.tokens:
+            return self.tokens
         return max(1, -(-self.prompt_bytes // BYTES_PER_TOKEN))
 
     def prompt(self) -> str:
-        """The prompt text; ``count_prompt_tokens(prompt())`` equals ``prompt_tokens``."""
+        """The prompt text; the schedule's token rule counts it as ``prompt_tokens``."""
+        if self.text:
+            return self.text
         return make_prompt(self.request_id, self.prompt_bytes)
 
     def body(self) -> dict[str, object]:

@@ -58,12 +58,22 @@ class EngineStats:
     step_ms_recent: float = 0.0
     waiting_prefill_tokens: int = 0
     max_num_seqs: int = 0
+    # Automatic prefix caching, counted in tokens as vLLM's ``vllm:prefix_cache_queries`` and
+    # ``vllm:prefix_cache_hits`` count them: prompt tokens looked up, and those found cached.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     allocator: dict[str, float] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use (vLLM's ``kv_cache_usage_perc`` as a fraction)."""
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens looked up (0 before any lookup)."""
+        q = self.prefix_cache_queries
+        return self.prefix_cache_hits / q if q else 0.0
 
     @property
     def kv_waste(self) -> float:
