@@ -9,7 +9,10 @@ agree. Every run records which rule it used (``TokenRule.name``).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
+
+from zerolayer.engine.tokens import detokenize, token_ids
+from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 
 @runtime_checkable
@@ -29,3 +32,19 @@ class TokenRule(Protocol):
         """Seeded text that ``count`` counts as ``tokens`` tokens (a tokenizer's merges at the
         cut may make it a token or two off: callers that need the exact figure count it)."""
         ...
+
+
+class BytesRule:
+    """The wire's rule (four UTF-8 bytes a token), for engines without a tokenizer."""
+
+    name = "bytes/4"
+
+    def count(self, text: str) -> int:
+        return count_prompt_tokens(text)
+
+    def text(self, tokens: int, seed: int) -> str:
+        size = tokens * BYTES_PER_TOKEN
+        return detokenize(token_ids(seed, size // 3 + 2))[:size]
+
+
+BYTES_RULE: Final = BytesRule()
