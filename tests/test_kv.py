@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from zerolayer.engine.kv import KVBlockManager, blocks_for
+from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager, blocks_for
 
 SEQ_IDS = st.sampled_from([f"s{i}" for i in range(6)])
 
@@ -58,6 +58,18 @@ class KVMachine(RuleBasedStateMachine):
 
 TestKVNeverLeaks = KVMachine.TestCase
 TestKVNeverLeaks.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+class CachingKVMachine(KVMachine):
+    """The prefix-caching pool keeps the same books for sequences it has no names for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = PrefixCachingKVBlockManager(num_blocks=24, block_size=4)
+
+
+TestCachingKVNeverLeaks = CachingKVMachine.TestCase
+TestCachingKVNeverLeaks.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 
 def test_refused_append_changes_nothing() -> None:

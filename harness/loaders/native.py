@@ -440,7 +440,9 @@ def engine_sender(engine: Engine) -> SendFn:
     async def send(req: PlannedRequest, rec: RequestRecord) -> None:
         now = time.time_ns
         rec.sent_ns = now()
-        ereq = EngineRequest(req.request_id, req.prompt_tokens, req.max_tokens, req.seed)
+        ereq = EngineRequest(
+            req.request_id, req.prompt_tokens, req.max_tokens, req.seed, prompt=req.prompt()
+        )
         try:
             async for chunk in engine.generate(ereq):
                 if chunk.token_ids:

@@ -4,9 +4,10 @@ One scheduler for both engines, so a batch the sim models and a batch the torch 
 are planned by the same code: running sequences first, one token budget per step shared by decode
 and chunked prefill, at most ``max_num_seqs`` running, and preemption by recompute (the
 lowest-priority, newest running sequence gives its KV blocks back and waits again) when blocks
-run out. :class:`ContinuousBatcher` is pure bookkeeping with no clock, so its invariants can be
-property-tested; each engine adds only what is its own: how a step takes time and what tokens a
-step yields (its ``commit``), plus the loop that drives it (:class:`StepLoop`).
+run out; over a pool with a prefix cache a request is admitted on its longest cached prefix and
+prefills only the rest. :class:`ContinuousBatcher` is pure bookkeeping with no clock, so its
+invariants can be property-tested; each engine adds only what is its own: how a step takes time
+and what tokens a step yields (its ``commit``), plus the loop that drives it (:class:`StepLoop`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Sequence:
 
     __slots__ = (
         "arrival",
+        "block_hashes",
         "computed",
         "emitted",
         "error",
@@ -38,6 +40,7 @@ class Sequence:
         "id",
         "max_tokens",
         "pending",
+        "preempted",
         "priority",
         "prompt_tokens",
         "running",
@@ -57,6 +60,8 @@ class Sequence:
         self.running = False
         self.error: EngineError | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.preempted = False
+        self.block_hashes: list[int] | None = None
 
     def needs(self) -> int:
         """Tokens whose KV must still be computed before the next token can be sampled."""
@@ -143,6 +148,7 @@ class ContinuousBatcher(Generic[S]):
         if request.request_id in self.seqs:
             raise EngineError("bad_request", f"duplicate request id {request.request_id!r}")
         seq = self._new_seq(request, next(self._arrivals))
+        seq.block_hashes = self.kv.prompt_hashes(request.prompt, request.prompt_tokens)
         self.seqs[seq.id] = seq
         self._enqueue(seq)
         return seq
@@ -241,6 +247,7 @@ class ContinuousBatcher(Generic[S]):
         self.running.remove(victim)
         self.release(victim.id)
         victim.computed = 0
+        victim.preempted = True
         self.preemptions += 1
         self._enqueue(victim)
         return victim
@@ -285,16 +292,37 @@ class ContinuousBatcher(Generic[S]):
             if seq.finish_reason is not None or seqs.get(seq.id) is not seq:
                 heapq.heappop(waiting)
                 continue
-            n = min(seq.needs(), budget)
-            if not kv.append(seq.id, n):
-                break
+            queued = seq.needs()
+            if seq.block_hashes is None:
+                n = min(queued, budget)
+                if not kv.append(seq.id, n):
+                    break
+            else:
+                cached = self._admit_cached(seq, seq.block_hashes, budget)
+                if cached is None:
+                    break
+                n = cached
             heapq.heappop(waiting)
-            self.waiting_prefill -= seq.needs()
+            self.waiting_prefill -= queued
             self.running.append(seq)
             seq.running = True
             plan.append((seq, n))
             budget -= n
         return plan
+
+    def _admit_cached(self, seq: S, hashes: list[int], budget: int) -> int | None:
+        """Admit ``seq`` on its longest cached prefix; the tokens it computes this step, or None
+        if blocks ran out. At least one token is left to compute: its logits give the next
+        token (vLLM caps a hit at the request's tokens less one, in whole blocks)."""
+        kv = self.kv
+        total = seq.prompt_tokens + seq.emitted
+        hit = kv.lookup(hashes, total - 1)
+        cached = hit * kv.block_size
+        n = min(total - cached, budget)
+        if not kv.admit(seq.id, hashes, hit, n, query_tokens=total, preempted=seq.preempted):
+            return None
+        seq.computed = cached
+        return n
 
     # -- accounting ---------------------------------------------------------------------------
 
@@ -320,6 +348,8 @@ class ContinuousBatcher(Generic[S]):
             step_ms_recent=self.step_ms_recent,
             waiting_prefill_tokens=self.waiting_prefill,
             max_num_seqs=self.max_num_seqs,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
         )
 
 

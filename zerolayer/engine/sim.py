@@ -2,9 +2,11 @@
 
 Each step is planned by the :class:`ContinuousBatcher` the torch engine also uses (vLLM's policy:
 running sequences first, one token budget shared by decode and chunked prefill, ``max_num_seqs``,
-preemption by recompute when blocks run out), its duration comes from :class:`StepTimeModel`,
-and the step ends at its modelled time on a virtual clock, so oversleeping one step is paid back
-by the next and cumulative drift stays near zero.
+preemption by recompute when blocks run out, automatic prefix caching unless
+``enable_prefix_caching`` is off), its duration comes from :class:`StepTimeModel` (which charges
+prefill only for the tokens the prefix cache did not already hold), and the step ends at its
+modelled time on a virtual clock, so oversleeping one step is paid back by the next and cumulative
+drift stays near zero.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
 from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
-from zerolayer.engine.kv import KVBlockManager
+from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
 from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
 from zerolayer.engine.tokens import detokenize, token_array
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
@@ -37,6 +39,7 @@ class SimConfig:
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     profile_path: str | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         """Refuse settings no engine could run with, before any memory is sized from them."""
@@ -95,7 +98,8 @@ class SimEngine:
         self.config = config or SimConfig()
         shape = model_shape(self.config.model_shape, load_profile(self.config.profile_path))
         self.model = StepTimeModel(shape)
-        self.kv = KVBlockManager(
+        pool = PrefixCachingKVBlockManager if self.config.enable_prefix_caching else KVBlockManager
+        self.kv = pool(
             self.config.kv_blocks(shape.weight_bytes, shape.kv_bytes_per_token),
             self.config.block_size,
         )

@@ -112,13 +112,16 @@ def server_flags(options: dict[str, Any], on_cpu: bool | None = None) -> list[st
 
 
 class LoadSignal:
-    """The latest scheduler figures vLLM reported, plus preemptions summed over iterations."""
+    """The latest scheduler figures vLLM reported, plus preemptions and prefix-cache tokens
+    summed over reports (vLLM sends each report's increments, as its Prometheus counters add)."""
 
     def __init__(self) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
         self.preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.records = 0
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
@@ -129,9 +132,20 @@ class LoadSignal:
             if usage is None:  # vLLM before 0.10 called it gpu_cache_usage
                 usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
             self.kv_usage = float(usage or 0.0)
+            self.record_prefix_cache(getattr(scheduler_stats, "prefix_cache_stats", None))
         if iteration_stats is not None:
             self.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0))
         self.records += 1
+
+    def record_prefix_cache(self, stats: Any) -> None:
+        """Add one report's ``PrefixCacheStats`` (None when vLLM logs no stats or caches nothing).
+
+        Only ``queries``/``hits`` count: lookups after a preemption are ``preempted_*``, which
+        ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` leave out too.
+        """
+        if stats is not None:
+            self.prefix_cache_queries += int(stats.queries)
+            self.prefix_cache_hits += int(stats.hits)
 
 
 def stat_logger_class(signal: LoadSignal, base: type | None) -> type:
@@ -384,6 +398,8 @@ class VllmEngine:
             block_size=self.block_size,
             preemptions=signal.preemptions,
             max_num_seqs=self.config.max_num_seqs,
+            prefix_cache_queries=signal.prefix_cache_queries,
+            prefix_cache_hits=signal.prefix_cache_hits,
         )
 
     async def close(self) -> None:

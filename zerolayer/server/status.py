@@ -2,7 +2,8 @@
 
 Metric names follow vLLM's where vLLM has the figure (``vllm:kv_cache_usage_perc``,
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:num_preemptions_total``,
-``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``), so dashboards built for vLLM
+``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total``,
+``vllm:prefix_cache_hits_total``), so dashboards built for vLLM
 read a replica unchanged; what only the zero-layer replica has is under ``zl_``.
 """
 
@@ -117,6 +118,14 @@ def metrics_text(replica: Observed) -> bytes:
         "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
         "# TYPE vllm:num_preemptions_total counter",
         f"vllm:num_preemptions_total{{{model}}} {stats.preemptions}",
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of "
+        "queried tokens.",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{{{model}}} {stats.prefix_cache_queries}",
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached "
+        "tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{{{model}}} {stats.prefix_cache_hits}",
         "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
         "# TYPE vllm:prompt_tokens_total counter",
         f"vllm:prompt_tokens_total{{{model}}} {replica.prompt_tokens_total}",
