@@ -19,8 +19,9 @@ about twice too fast. ``--calibrate offline`` times ``vllm.LLM`` alone, as ``cal
 
 Token counts: profiles size prompts in bytes at four bytes a token, but the tiny model's BPE
 tokenizer makes about 1.3 bytes a token. So each class's prompt is rescaled to give the profile's
-token count under that tokenizer (clamped where prompt plus output would pass ``max_model_len``:
-profile C's large class at larger scales), each vLLM prompt is counted with the model's tokenizer,
+token count under that tokenizer (``harness.tokens.fit_classes``, as ``zl-bench run`` does;
+clamped where prompt plus output would pass ``max_model_len``: profile C's large class at larger
+scales), each vLLM prompt is counted with the model's tokenizer (``harness.tokens.token_rule``),
 and the sim gets a prompt of exactly that many tokens by its own four-bytes rule. With
 ``--engine-option skip_tokenizer_init=true`` both sides count four bytes a token instead.
 """
@@ -32,12 +33,11 @@ import asyncio
 import dataclasses
 import itertools
 import json
-import math
 import os
 import platform
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -50,6 +50,14 @@ from harness.errors import UsageError
 from harness.loaders import LOADERS
 from harness.profile import PROFILES, Profile, load_profile, resolve_name
 from harness.stacks import StackName, StackSpec, stand_up
+from harness.tokens import (
+    ClassFit,
+    TokenRule,
+    apply_fits,
+    class_fits,
+    scaled_bytes,
+    token_rule,
+)
 from harness.workload import PlannedRequest, build_schedule, make_prompt
 from zerolayer.engine.calibrate import DEFAULT_GRIDS, Grid, vllm_profile_name, write_profile
 from zerolayer.engine.calibrate_vllm import (
@@ -59,7 +67,7 @@ from zerolayer.engine.calibrate_vllm import (
     check_fits,
     measure,
 )
-from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
+from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
 if TYPE_CHECKING:
     from harness.stacks import Stack
@@ -76,12 +84,7 @@ VLLM_DEFAULTS: Final[Mapping[str, Any]] = {
     "block_size": 128,
     "temperature": 0.0,
 }
-# Where a prompt must be clamped, aim this far under the limit: the tokenizer's bytes per token
-# differ a little from prompt to prompt.
-CLAMP_MARGIN: Final = 0.05
 METRICS_TIMEOUT_S: Final = 5.0
-
-TokenCounter = Callable[[str], int]
 
 
 # -- the comparison (pure) ---------------------------------------------------------------------
@@ -157,81 +160,14 @@ def table_markdown(cells: Sequence[Cell], tolerance: float) -> str:
     return "\n".join(rows) + "\n"
 
 
-# -- prompt sizes for a real tokenizer (pure) -------------------------------------------------
-
-
-def target_tokens(intended: int, max_tokens: int, max_model_len: int) -> int:
-    """Prompt tokens to aim for: the profile's count, clamped (with a margin) so prompt plus
-    output stays inside ``max_model_len``."""
-    room = max_model_len - max_tokens
-    if room < 1:
-        raise ValueError(f"max_tokens {max_tokens} leaves no room in max_model_len {max_model_len}")
-    if intended <= room:
-        return intended
-    return max(1, math.floor(room * (1 - CLAMP_MARGIN)))
-
-
-def scaled_bytes(tokens: int, sample_bytes: int, sample_tokens: int) -> int:
-    """Bytes that make ``tokens`` tokens at the sample's bytes per token."""
-    if sample_bytes < 1 or sample_tokens < 1:
-        raise ValueError("the sample must have bytes and tokens")
-    return max(1, round(tokens * sample_bytes / sample_tokens))
-
-
-@dataclass(frozen=True)
-class ClassFit:
-    """How one request class's prompt was resized for the model's tokenizer."""
-
-    profile: str
-    name: str
-    intended_tokens: int
-    target_tokens: int
-    bytes_before: int
-    bytes_after: int
-
-    @property
-    def clamped(self) -> bool:
-        return self.target_tokens < self.intended_tokens
-
-    def line(self) -> str:
-        if self.clamped:
-            how = "clamped to fit max_model_len"
-        else:
-            how = "kept" if self.bytes_after == self.bytes_before else "scaled"
-        return (
-            f"{self.profile} class {self.name}: {self.bytes_before} B -> {self.bytes_after} B "
-            f"({how}: {self.target_tokens} tokens as the replica counts them, the profile asks "
-            f"{self.intended_tokens} at {BYTES_PER_TOKEN} B a token)"
-        )
-
-
-def fit_profile(
-    profile: Profile, count: TokenCounter, max_model_len: int
-) -> tuple[Profile, list[ClassFit]]:
-    """``profile`` with each class's prompt bytes giving its intended tokens under ``count``
-    (clamped to ``max_model_len``); arrivals, classes and seeds are unchanged."""
-    classes = []
-    fits = []
-    for cls in profile.classes:
-        want = target_tokens(cls.prompt_tokens, cls.max_tokens, max_model_len)
-        sample = build_prompt_sample(cls.prompt_bytes)
-        size = scaled_bytes(want, len(sample), count(sample))
-        classes.append(dataclasses.replace(cls, prompt_bytes=size))
-        fits.append(
-            ClassFit(profile.name, cls.name, cls.prompt_tokens, want, cls.prompt_bytes, size)
-        )
-    return dataclasses.replace(profile, classes=tuple(classes)), fits
-
-
-def build_prompt_sample(prompt_bytes: int) -> str:
-    """A prompt of the class's size, as the schedule makes them, to measure bytes per token."""
-    return make_prompt("x0000000", prompt_bytes)
+# -- the sim's side of the load (pure) ----------------------------------------------------------
 
 
 def sim_requests(requests: Sequence[PlannedRequest], counts: Sequence[int]) -> list[PlannedRequest]:
-    """The same requests with prompts the sim counts (four bytes a token) as ``counts`` tokens."""
+    """The same requests with synthetic prompts the sim counts (four bytes a token) as
+    ``counts`` tokens."""
     return [
-        dataclasses.replace(r, prompt_bytes=n * BYTES_PER_TOKEN)
+        dataclasses.replace(r, prompt_bytes=n * BYTES_PER_TOKEN, text="", tokens=0)
         for r, n in zip(requests, counts, strict=True)
     ]
 
@@ -295,29 +231,15 @@ def _say(text: str) -> None:
     print(f"fidelity: {text}", flush=True)
 
 
-def _tokenizer_counter(model: Path, options: Mapping[str, Any]) -> TokenCounter:
-    """The prompt's length as the vLLM replica counts it: the model's own tokenizer, or, with
-    ``skip_tokenizer_init``, the wire's four bytes a token (the adapter's synthetic ids)."""
-    if options.get("skip_tokenizer_init"):
-        return count_prompt_tokens
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    tokenizer.model_max_length = 1 << 30  # counting only: no warning for long prompts
-
-    def count(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=True))
-
-    return count
-
-
-def plan(settings: Settings, count: TokenCounter, max_model_len: int) -> list[Planned]:
-    """Each profile's schedule, resized for the tokenizer, for both sides."""
+def plan(settings: Settings, rule: TokenRule, max_model_len: int) -> list[Planned]:
+    """Each profile's schedule, resized for the vLLM replica's token rule, for both sides."""
     planned = []
     for name in settings.profiles:
-        fitted, fits = fit_profile(load_profile(name, settings.scale), count, max_model_len)
-        requests = list(build_schedule(fitted))[: settings.max_requests]
-        counts = [count(r.prompt()) for r in requests]
+        profile = load_profile(name, settings.scale)
+        fits = class_fits(profile, rule, max_model_len)
+        fitted = apply_fits(profile, fits)
+        requests = list(build_schedule(fitted, rule=rule))[: settings.max_requests]
+        counts = [rule.count(r.prompt()) for r in requests]
         too_long = [
             r.request_id
             for r, n in zip(requests, counts, strict=True)
@@ -396,9 +318,9 @@ class _PromptMaker:
     """Fresh prompts of about ``length`` of the model's tokens (a new id heads each, so vLLM's
     prefix cache never shortens a prefill)."""
 
-    def __init__(self, count: TokenCounter) -> None:
+    def __init__(self, rule: TokenRule) -> None:
         sample = make_prompt("cal0000000", 4096)
-        self._bytes, self._tokens = len(sample), count(sample)
+        self._bytes, self._tokens = len(sample), rule.count(sample)
         self._ids = itertools.count()
 
     def __call__(self, length: int) -> str:
@@ -434,7 +356,7 @@ def model_figures(model: Path, options: Mapping[str, Any]) -> ModelFigures:
 
 
 def served_calibration(
-    settings: Settings, stack: Stack, limits: EngineLimits, count: TokenCounter
+    settings: Settings, stack: Stack, limits: EngineLimits, rule: TokenRule
 ) -> Path:
     """Calibrate through the running vLLM replica (same method, the serving stack around it) and
     write the profile into ``--out``; see the module docstring for why."""
@@ -442,7 +364,7 @@ def served_calibration(
     check_fits(grid, limits.max_model_len)
     _say("calibrating through the vLLM replica (step times as served on this machine)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        times = runner.run(_served_times(stack, grid, _PromptMaker(count)))
+        times = runner.run(_served_times(stack, grid, _PromptMaker(rule)))
     meta = {
         "device": platform.processor() or platform.machine() or "cpu",
         "calibration": {
@@ -507,9 +429,9 @@ def run_fidelity(settings: Settings) -> int:
         limits = _file_limits(profile_path)
     else:
         limits = option_limits(options)
-    count = _tokenizer_counter(settings.model, options)
     try:
-        planned = plan(settings, count, limits.max_model_len)
+        rule = token_rule("vllm", options)
+        planned = plan(settings, rule, limits.max_model_len)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     for item in planned:
@@ -520,7 +442,7 @@ def run_fidelity(settings: Settings) -> int:
     with stack:
         limits = dataclasses.replace(limits, num_gpu_blocks=replica_kv_blocks(stack.urls[0]))
         if profile_path is None:
-            profile_path = served_calibration(settings, stack, limits, count)
+            profile_path = served_calibration(settings, stack, limits, rule)
         vllm_summaries = _run_profiles(Side.VLLM, stack, planned, settings.out, workdir)
     spec = StackSpec(
         StackName.ZEROLAYER,

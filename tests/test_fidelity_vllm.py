@@ -1,6 +1,6 @@
 """``zl-bench fidelity --against vllm`` and ``calibrate --engine vllm``.
 
-The comparison, verdict, prompt fitting and argument checks are pure and run everywhere; the two
+The comparison, verdict, the sim's prompts and argument checks are pure and run everywhere; the two
 end-to-end tests (marked ``vllm``) calibrate the real CPU vLLM on a tiny grid, load the profile
 into the sim, and run the whole fidelity command at a handful of requests. They skip, with the
 reason, where vLLM is not installed.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,12 @@ from hypothesis import strategies as st
 
 from bench.cli import main
 from bench.fidelity_vllm import (
-    CLAMP_MARGIN,
     Cell,
     compare,
-    fit_profile,
     host_load_note,
     relative_error,
-    scaled_bytes,
     sim_requests,
     table_markdown,
-    target_tokens,
     verdict,
 )
 from harness.profile import load_profile
@@ -91,62 +86,11 @@ def test_the_table_shows_both_figures_and_the_error_per_cell() -> None:
     )
 
 
-@given(
-    st.integers(min_value=1, max_value=20_000),
-    st.integers(min_value=1, max_value=2_000),
-    st.integers(min_value=2_100, max_value=10_000),
-)
-def test_target_tokens_keep_the_profile_or_fit_the_context(
-    intended: int, max_tokens: int, max_model_len: int
-) -> None:
-    got = target_tokens(intended, max_tokens, max_model_len)
-    assert 1 <= got <= intended
-    assert got + max_tokens <= max_model_len
-    if intended + max_tokens <= max_model_len:
-        assert got == intended
-    else:
-        assert got == math.floor((max_model_len - max_tokens) * (1 - CLAMP_MARGIN))
-
-
 def test_the_host_load_note_says_when_the_cores_were_oversubscribed() -> None:
     quiet = host_load_note({"a": {"host_load_1m": 1.5}}, {"a": {"host_load_1m": 0.7}}, 2)
     assert "vllm a 1.5, sim a 0.7" in quiet and "not oversubscribed" in quiet
     busy = host_load_note({"a": {"host_load_1m": 9.0}}, {"a": {"host_load_1m": 0.7}}, 2)
     assert "BUSY" in busy
-
-
-def test_no_room_for_the_output_is_refused() -> None:
-    with pytest.raises(ValueError, match="no room"):
-        target_tokens(10, 4096, 4096)
-
-
-def test_scaled_bytes_follow_the_samples_bytes_per_token() -> None:
-    assert scaled_bytes(1000, 1320, 1000) == 1320
-    assert scaled_bytes(1, 10, 100) == 1
-    with pytest.raises(ValueError):
-        scaled_bytes(10, 0, 5)
-
-
-def bpe_like(text: str) -> int:
-    """A stand-in tokenizer at 1.32 bytes a token, like the tiny model's BPE."""
-    return max(1, round(len(text) / 1.32))
-
-
-def test_fit_profile_gives_each_class_its_token_count_and_clamps_only_the_large() -> None:
-    profile = load_profile("c_mixed", "laptop")
-    fitted, fits = fit_profile(profile, bpe_like, 4096)
-    by_name = {f.name: f for f in fits}
-    assert not by_name["small"].clamped and not by_name["medium"].clamped
-    assert by_name["large"].clamped
-    assert "clamped to fit max_model_len" in by_name["large"].line()
-    for cls, fit in zip(fitted.classes, fits, strict=True):
-        assert abs(bpe_like("x" * cls.prompt_bytes) - fit.target_tokens) <= 1
-        assert fit.target_tokens + cls.max_tokens <= 4096
-    # arrivals, classes and seeds are the profile's own
-    before, after = build_schedule(profile), build_schedule(fitted)
-    assert [(r.offset_s, r.request_class, r.seed) for r in before] == [
-        (r.offset_s, r.request_class, r.seed) for r in after
-    ]
 
 
 def test_the_sim_gets_prompts_of_exactly_the_counted_tokens() -> None:
