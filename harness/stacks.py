@@ -34,13 +34,13 @@ from urllib.parse import urlsplit
 import orjson
 import psutil
 
+from baselines.rayserve.config import BaselineRouter, orchestrator_router, parse_router
 from harness.certs import self_signed
 from harness.telemetry import Component, EngineTarget
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 
 if TYPE_CHECKING:
     from baselines.rayserve.standup import ServeHandle
-    from baselines.rayserve_llm import LlmRouterName
     from zerolayer.client import Http1Client, ZeroLayerClient
     from zerolayer.client.stream import Completion, Stream
     from zerolayer.client.wire import RequestFields
@@ -64,9 +64,6 @@ VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 VLLM_READY_TIMEOUT_S: Final = 240.0
 VLLM_POLL_S: Final = 0.5
 LLM_BASELINE_IMPL: Final = "ray serve llm"
-# Ray Serve LLM's request routers (baselines.rayserve_llm.LlmRouterName): Serve's default
-# power-of-two-choices, or Ray's prefix-aware router.
-BASELINE_ROUTERS: Final = ("default", "prefix-aware")
 OFFLINE_ENV: Final = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -118,8 +115,8 @@ class StackSpec:
 
     ``tls``: zero-layer replicas serve TLS with ALPN h2/http1.1 (k6 needs that for HTTP/2).
     ``urls`` non-empty: an external stack, checked for reachability but never started or stopped.
-    ``baseline_router``: Ray Serve LLM's request router (``default`` or ``prefix-aware``), for
-    the baseline over the ``vllm`` engine. ``credentials``: authentication on (see the module
+    ``baseline_router``: the baseline's request router (:func:`baseline_router`; ``None``: that
+    baseline's own default). ``credentials``: authentication on (see the module
     docstring); the stacks that check no keys (Ray Serve LLM, vllm-serve) ignore it and say so
     in their metadata.
     """
@@ -131,7 +128,7 @@ class StackSpec:
     tls: bool = False
     urls: tuple[str, ...] = ()
     ray_address: str | None = None
-    baseline_router: str = "default"
+    baseline_router: BaselineRouter | None = None
     credentials: Credentials | None = None
 
 
@@ -139,16 +136,35 @@ class StackUnreachable(Exception):
     """An external stack's URL does not answer; the message names the URL."""
 
 
+def baseline_router(spec: StackSpec) -> BaselineRouter:
+    """The router the baseline of ``spec`` runs: the one asked for, else that baseline's own
+    default (the orchestrator: consistent-hash, as DESIGN.md asks; Ray Serve LLM over ``vllm``:
+    pow2, Serve's default). ValueError (one line) for one that baseline cannot run."""
+    if spec.engine == "vllm":
+        return parse_router(spec.baseline_router or BaselineRouter.POW2)
+    return orchestrator_router(spec.baseline_router or BaselineRouter.CONSISTENT_HASH)
+
+
+def check_baseline_router(spec: StackSpec) -> None:
+    """ValueError (one line) for a router the baseline of ``spec`` cannot run, or one asked of a
+    baseline already running (its router is its own)."""
+    if not spec.urls:
+        baseline_router(spec)
+    elif spec.baseline_router is not None:
+        raise ValueError(
+            f"baseline router {spec.baseline_router}: a running baseline ({spec.urls[0]}) keeps "
+            "the router it was started with"
+        )
+
+
 def check_spec(spec: StackSpec) -> None:
-    """Raise ValueError (one line) for a spec no stack can serve: too few replicas, or
-    ``vllm-serve`` over an engine other than ``vllm``. ``stand_up`` checks this first."""
+    """Raise ValueError (one line) for a spec no stack can serve: too few replicas, a baseline
+    router that baseline cannot run, or ``vllm-serve`` over an engine other than ``vllm``.
+    ``stand_up`` checks this first."""
     if spec.replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {spec.replicas}")
-    if spec.baseline_router not in BASELINE_ROUTERS:
-        raise ValueError(
-            f"baseline router must be one of {', '.join(BASELINE_ROUTERS)}, "
-            f"got {spec.baseline_router!r}"
-        )
+    if spec.name is StackName.BASELINE:
+        check_baseline_router(spec)
     if spec.name is StackName.VLLM_SERVE and spec.engine != "vllm" and not spec.urls:
         raise ValueError(
             f"the vllm-serve stack is vLLM's own server: it needs --engine vllm, "
@@ -728,6 +744,7 @@ def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
         engine=spec.engine,
         replicas=spec.replicas,
         engine_options=dict(spec.engine_options),
+        router=baseline_router(spec),
         ray_address=spec.ray_address,
         stats_dir=str(stats_dir),
         api_keys=None if spec.credentials is None else str(spec.credentials.key_file),
@@ -735,7 +752,8 @@ def _stand_up_baseline(spec: StackSpec, workdir: Path) -> Stack:
     metadata = {
         "impl": "ray serve",
         "auth": auth_label(spec),
-        "label": f"Ray Serve orchestrator (ours) x{spec.replicas}, {spec.engine} engine",
+        "label": f"Ray Serve orchestrator (ours) x{spec.replicas}, {spec.engine} engine, "
+        f"{handle.config.router} router",
         **handle.metadata,
     }
     return Stack(spec, [handle.url], metadata=metadata, baseline=handle, stats_dir=stats_dir)
@@ -751,13 +769,13 @@ def _stand_up_llm_baseline(spec: StackSpec) -> Stack:
         model=str(options.get("model", "")),
         replicas=spec.replicas,
         engine_options=options,
-        router=cast("LlmRouterName", spec.baseline_router),
+        router=baseline_router(spec),
         ray_address=spec.ray_address,
     )
     metadata = {
         "impl": LLM_BASELINE_IMPL,
         "label": f"Ray Serve LLM {handle.metadata['ray_version']} x{spec.replicas}, "
-        f"{spec.baseline_router} router, vllm engine",
+        f"{handle.config.router} router, vllm engine",
         "auth": auth_label(spec, checks_keys=False),
         **handle.metadata,
     }

@@ -93,6 +93,8 @@ MISTAKES = {
     "port wraps": (["--port", "65536"], "port must be 0..65535"),
     "no replicas": (["--replicas", "0"], "must be >= 1"),
     "unknown router": (["--router", "random"], "invalid choice"),
+    "old router spelling": (["--router", "consistent_hash"], "invalid choice"),
+    "prefix-aware needs Ray Serve LLM": (["--router", "prefix-aware"], "Ray Serve LLM's"),
 }
 
 

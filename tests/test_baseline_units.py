@@ -7,7 +7,12 @@ import asyncio
 import pytest
 
 from baselines.rayserve.admission import MIN_RETRY_AFTER_MS, FifoGate, TokenBuckets
-from baselines.rayserve.config import CONSISTENT_HASH_ROUTER, POW2_ROUTER, BaselineConfig
+from baselines.rayserve.config import (
+    CONSISTENT_HASH_ROUTER,
+    POW2_ROUTER,
+    BaselineConfig,
+    BaselineRouter,
+)
 from zerolayer.wire.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
 from zerolayer.wire.tokens import request_seed
 
@@ -93,9 +98,9 @@ def test_config_sizes_serve_limits_from_the_engine() -> None:
     assert config.queue_limit == 192
     assert config.router_class() == CONSISTENT_HASH_ROUTER
     assert config.router_kwargs() == {"num_virtual_nodes": 100, "num_fallback_replicas": 2}
-    pow2 = BaselineConfig(router="pow2")
+    pow2 = BaselineConfig(router=BaselineRouter.POW2)
     assert pow2.router_class() == POW2_ROUTER and pow2.router_kwargs() == {}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="baseline router"):
         BaselineConfig(router="random")  # type: ignore[arg-type]
 
 

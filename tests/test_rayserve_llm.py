@@ -67,13 +67,14 @@ def baseline(stack: Stack) -> object:
 
 def test_prefix_aware_router_is_configured_as_rays_docs_show(tmp_path: Path) -> None:
     """No Ray needed: the LLMConfig a user would write for the prefix-aware router."""
+    from baselines.rayserve.config import BaselineRouter
     from baselines.rayserve_llm import LlmBaselineConfig
 
     config = LlmBaselineConfig(
         model=str(tmp_path / "tiny"),
         replicas=2,
         engine_options=ENGINE_OPTIONS,
-        router="prefix-aware",
+        router=BaselineRouter.PREFIX_AWARE,
         router_kwargs={"imbalanced_threshold": 8},
     )
     llm = config.llm_config()
@@ -128,7 +129,7 @@ def test_metadata_records_the_router_and_settings(baseline: object) -> None:
 
     assert isinstance(baseline, LlmBaselineHandle)
     meta = baseline.metadata
-    assert meta["stack"] == "rayserve-llm" and meta["router"] == "default"
+    assert meta["stack"] == "rayserve-llm" and meta["router"] == "pow2"  # Serve's default
     assert meta["router_class"].endswith("PowerOfTwoChoicesRequestRouter")
     assert meta["engine_replicas"] == 1 and meta["proxy_location"] == "HeadOnly"
     kwargs = meta["engine_kwargs"]

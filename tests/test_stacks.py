@@ -196,7 +196,7 @@ def test_a_stacks_model_and_body_fields_reach_every_client_and_loader(tmp_path: 
     )  # fmt: skip
     assert orjson.loads(paths["config"].read_bytes())["extra_body"] == stack.body_fields()
     with pytest.raises(ValueError, match="baseline router"):
-        check_spec(StackSpec(StackName.BASELINE, engine="vllm", baseline_router="random"))
+        check_spec(StackSpec(StackName.BASELINE, engine="vllm", baseline_router="random"))  # type: ignore[arg-type]
 
 
 def test_profile_d_skips_vllm_serve_with_a_line(capsys: pytest.CaptureFixture[str]) -> None:

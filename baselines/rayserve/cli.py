@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from baselines.rayserve.config import BASELINE_ROUTERS, BaselineRouter, orchestrator_router
 from baselines.rayserve.standup import start_baseline
 from zerolayer.cliargs import Parser, fail, port, positive_int, readable_file
 from zerolayer.engine import ENGINES
@@ -38,9 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--router",
-        choices=("consistent_hash", "pow2"),
-        default="consistent_hash",
-        help="how Serve picks an engine replica: by zl-session, or power of two choices",
+        choices=BASELINE_ROUTERS,
+        default=BaselineRouter.CONSISTENT_HASH.value,
+        help="how Serve picks an engine replica: Ray's consistent hash on zl-session, or pow2 "
+        "(power of two choices); prefix-aware needs Ray Serve LLM, so it is refused here",
     )
     parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster")
     parser.add_argument(
@@ -65,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         options = validate_engine_options(args.engine, dict(args.engine_options))
     except ValueError as exc:
         return fail(PROG, str(exc))
+    try:
+        router = orchestrator_router(args.router)
+    except ValueError as exc:
+        return fail(PROG, f"--router {args.router}: {exc}")
     if args.api_keys is not None:
         try:
             read_key_file(args.api_keys)  # before Ray starts
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         replicas=args.replicas,
         port=args.port,
         engine_options=options,
-        router=args.router,
+        router=router,
         ray_address=args.ray_address,
         throughput_optimized=args.throughput_optimized,
         api_keys=args.api_keys,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from enum import StrEnum
+from typing import Any, Final
 
 from zerolayer.engine import SimConfig
 from zerolayer.engine.options import validate_engine_options
@@ -20,7 +21,45 @@ APP_NAME: Final = "zl-baseline"
 INGRESS_NAME: Final = "Orchestrator"
 ENGINE_NAME: Final = "EngineReplica"
 
-RouterName = Literal["consistent_hash", "pow2"]
+
+class BaselineRouter(StrEnum):
+    """How a baseline's Serve router picks an engine replica; one spelling for both baselines
+    (``zl-bench --baseline-router``, ``zl-baseline --router``)."""
+
+    POW2 = "pow2"  # Serve's default: the less loaded of two random replicas
+    CONSISTENT_HASH = "consistent-hash"  # Ray's ring on the request's session id
+    PREFIX_AWARE = "prefix-aware"  # Ray Serve LLM's prefix tree over the prompt text
+
+
+BASELINE_ROUTERS: Final = tuple(r.value for r in BaselineRouter)
+# The orchestrator's routers and their classes. Ray's prefix-aware router reads the prompt text
+# from the routed call, and the ingress sends the engine replicas token counts, not text.
+ORCHESTRATOR_ROUTERS: Final = {
+    BaselineRouter.CONSISTENT_HASH: CONSISTENT_HASH_ROUTER,
+    BaselineRouter.POW2: POW2_ROUTER,
+}
+ORCHESTRATOR_PREFIX_AWARE: Final = (
+    "the prefix-aware router is Ray Serve LLM's (zl-bench's baseline with --engine vllm): it "
+    "matches prompt text, and the orchestrator baseline sends its engine replicas token counts"
+)
+
+
+def parse_router(name: str | BaselineRouter) -> BaselineRouter:
+    """``name`` as a router; ValueError (one line, the choices named) for any other spelling."""
+    try:
+        return BaselineRouter(name)
+    except ValueError:
+        raise ValueError(
+            f"baseline router must be one of {', '.join(BASELINE_ROUTERS)}, got {name!r}"
+        ) from None
+
+
+def orchestrator_router(name: str | BaselineRouter) -> BaselineRouter:
+    """``name`` as a router the orchestrator baseline can run; ValueError (one line) if not."""
+    router = parse_router(name)
+    if router not in ORCHESTRATOR_ROUTERS:
+        raise ValueError(ORCHESTRATOR_PREFIX_AWARE)
+    return router
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +77,7 @@ class BaselineConfig:
     engine: str = "sim"
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 2
-    router: RouterName = "consistent_hash"
+    router: BaselineRouter = BaselineRouter.CONSISTENT_HASH
     virtual_nodes: int = 100
     fallback_replicas: int = 2
     health_check_period_s: float = 1.0
@@ -64,8 +103,7 @@ class BaselineConfig:
     api_keys: str | None = None
 
     def __post_init__(self) -> None:
-        if self.router not in ("consistent_hash", "pow2"):
-            raise ValueError(f"router must be consistent_hash or pow2, got {self.router!r}")
+        self.router = orchestrator_router(self.router)
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         # Checked here, before Ray starts, not inside a replica actor where it would surface
@@ -103,12 +141,12 @@ class BaselineConfig:
         return {digest: asdict(grant) for digest, grant in read_key_file(self.api_keys).items()}
 
     def router_class(self) -> str:
-        return CONSISTENT_HASH_ROUTER if self.router == "consistent_hash" else POW2_ROUTER
+        return ORCHESTRATOR_ROUTERS[self.router]
 
     def router_kwargs(self) -> dict[str, Any]:
         """The installed ConsistentHashRouter names its kwargs ``num_virtual_nodes`` and
         ``num_fallback_replicas`` (DESIGN.md calls them virtual_nodes, fallback_replicas)."""
-        if self.router == "consistent_hash":
+        if self.router is BaselineRouter.CONSISTENT_HASH:
             return {
                 "num_virtual_nodes": self.virtual_nodes,
                 "num_fallback_replicas": self.fallback_replicas,
@@ -126,7 +164,7 @@ class BaselineConfig:
             "retry_backoff_s": self.retry_backoff_s,
             "max_body_bytes": self.max_body_bytes,
             "model": f"zl-{self.engine}",
-            "router": self.router,
+            "router": self.router.value,
             "api_keys": self.key_grants(),
         }
 
@@ -152,12 +190,12 @@ class BaselineConfig:
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "engine_num_cpus": 0,
             "ingress_num_cpus": 0,
-            "router": self.router,
+            "router": self.router.value,
             "router_class": self.router_class(),
             "router_kwargs": self.router_kwargs(),
             "router_implementation": (
                 "serve.experimental ConsistentHashRouter (mmh3 ring)"
-                if self.router == "consistent_hash"
+                if self.router is BaselineRouter.CONSISTENT_HASH
                 else "serve default PowerOfTwoChoicesRequestRouter"
             ),
             "session_routing": "handle.options(session_id=zl-session)",

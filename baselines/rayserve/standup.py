@@ -11,7 +11,8 @@ import http.client
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
@@ -22,7 +23,7 @@ from baselines.rayserve.config import (
     ENGINE_NAME,
     INGRESS_NAME,
     BaselineConfig,
-    RouterName,
+    BaselineRouter,
     serve_constants,
     serve_env_flags,
 )
@@ -40,13 +41,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def init_ray(
-    ray_address: str | None, throughput_optimized: bool | None, num_cpus: int = LOCAL_NUM_CPUS
+    ray_address: str | None,
+    throughput_optimized: bool | None,
+    num_cpus: int = LOCAL_NUM_CPUS,
+    serve_env: Mapping[str, str] | None = None,
 ) -> bool:
     """Start or attach to Ray; True when this process started it (and so must stop it).
 
     ``throughput_optimized`` sets ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` in this process's
     environment, which a Ray started here passes on to the controller, proxy and replicas.
-    ``num_cpus`` is Ray's bookkeeping for a local Ray, not the cores its processes may use.
+    ``serve_env`` are further variables a Ray started here passes on (this process's own
+    environment is left as it was). ``num_cpus`` is Ray's bookkeeping for a local Ray, not the
+    cores its processes may use.
     """
     import ray
 
@@ -58,14 +64,51 @@ def init_ray(
         return False
     if throughput_optimized is not None:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
-    ray.init(
-        num_cpus=num_cpus,
-        object_store_memory=OBJECT_STORE_BYTES,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    with environment(serve_env or {}):
+        ray.init(
+            num_cpus=num_cpus,
+            object_store_memory=OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     return True
+
+
+@contextmanager
+def environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment for the block, then restored: what Ray's
+    processes inherit when they start, without changing what later stand-ups here see."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def deployed_router(app_name: str, deployment_prefix: str) -> dict[str, Any]:
+    """``router_class`` and ``router_kwargs`` as Serve's controller reports them for the first
+    deployment of ``app_name`` whose name starts with ``deployment_prefix``: what Serve runs, not
+    what was asked for (the metadata records these). Serve omits a default router's config."""
+    from ray.serve._private.constants import DEFAULT_REQUEST_ROUTER_PATH
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client()  # raises when no controller runs; None is not returned then
+    if client is None:
+        raise RuntimeError("no Serve controller to ask which router it runs")
+    details = client.get_serve_details()
+    deployments = details["applications"][app_name]["deployments"]
+    name = next(n for n in deployments if n.startswith(deployment_prefix))
+    router = deployments[name]["deployment_config"].get("request_router_config") or {}
+    return {
+        "router_class": router.get("request_router_class", DEFAULT_REQUEST_ROUTER_PATH),
+        "router_kwargs": router.get("request_router_kwargs", {}),
+    }
 
 
 def _deploy(config: BaselineConfig) -> None:
@@ -269,7 +312,7 @@ def start_baseline(
     replicas: int = 2,
     port: int = 0,
     engine_options: dict[str, Any] | None = None,
-    router: RouterName = "consistent_hash",
+    router: BaselineRouter = BaselineRouter.CONSISTENT_HASH,
     ray_address: str | None = None,
     ready_timeout_s: float = 120.0,
     **settings: Any,
@@ -301,6 +344,7 @@ def start_baseline(
             _ray_processes=processes,
         )
         handle.metadata.update(on_a_worker(_serve_settings, ready_timeout_s))
+        handle.metadata.update(deployed_router(APP_NAME, ENGINE_NAME))
         handle.metadata["pids"] = handle.pids()
         return handle
     except BaseException:

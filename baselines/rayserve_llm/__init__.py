@@ -2,10 +2,12 @@
 
 ``ray.serve.llm`` (``LLMConfig`` + ``build_openai_app``) set up the way Ray's documentation shows
 users: Serve's proxy -> the OpenAI ingress deployment -> ``LLMServer`` replicas, each running
-vLLM's engine, with Serve's default router or Ray's prefix-aware router.
+vLLM's engine, with Serve's default router (pow2), Ray's consistent-hash router on ``zl-session``
+or Ray's prefix-aware router.
 """
 
-from baselines.rayserve_llm.config import LlmBaselineConfig, LlmRouterName
+from baselines.rayserve.config import BaselineRouter
+from baselines.rayserve_llm.config import LlmBaselineConfig
 from baselines.rayserve_llm.standup import LlmBaselineHandle, start_llm_baseline
 
-__all__ = ["LlmBaselineConfig", "LlmBaselineHandle", "LlmRouterName", "start_llm_baseline"]
+__all__ = ["BaselineRouter", "LlmBaselineConfig", "LlmBaselineHandle", "start_llm_baseline"]

@@ -13,13 +13,35 @@ import importlib.metadata
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
+from baselines.rayserve.config import (
+    CONSISTENT_HASH_ROUTER,
+    POW2_ROUTER,
+    BaselineRouter,
+    parse_router,
+)
 from zerolayer.engine.vllm_engine import VllmEngineConfig
+from zerolayer.wire.contract import SESSION
 
 APP_NAME: Final = "zl-llm-baseline"
 PREFIX_AWARE_ROUTER: Final = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
-SERVE_DEFAULT_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+# pow2 is Serve's default router, left unset as users leave it; the others as Ray's docs set them.
+ROUTER_CLASSES: Final = {
+    BaselineRouter.POW2: POW2_ROUTER,
+    BaselineRouter.CONSISTENT_HASH: CONSISTENT_HASH_ROUTER,
+    BaselineRouter.PREFIX_AWARE: PREFIX_AWARE_ROUTER,
+}
+ROUTER_IMPLEMENTATIONS: Final = {
+    BaselineRouter.POW2: "serve default PowerOfTwoChoicesRequestRouter",
+    BaselineRouter.CONSISTENT_HASH: "serve.experimental ConsistentHashRouter (mmh3 ring on the "
+    "session header, which OpenAiIngress passes on to LLMServer)",
+    BaselineRouter.PREFIX_AWARE: "ray.serve.llm PrefixCacheAffinityRouter (prefix tree, pow2 "
+    "when imbalanced)",
+}
+# Serve's proxy and Serve LLM's ingress read the session id from the header this variable names
+# (``x-session-id`` unless set); every loader here sends it as zl-session.
+SESSION_HEADER_VARIABLE: Final = "RAY_SERVE_SESSION_ID_HEADER_KEY"
 CPU_BUNDLES: Final = ({"CPU": 1},)
 # Ray Serve LLM's own knobs read from the environment (ray/llm/_internal/serve/constants.py).
 LLM_CONSTANTS: Final = (
@@ -35,8 +57,6 @@ LLM_CONSTANTS: Final = (
     "ENABLE_WORKER_PROCESS_SETUP_HOOK",
     "RAYLLM_ENABLE_REQUEST_PROMPT_LOGS",
 )
-
-LlmRouterName = Literal["default", "prefix-aware"]
 
 
 def distribution_version(*names: str) -> str | None:
@@ -64,7 +84,7 @@ class LlmBaselineConfig:
     model_id: str = ""
     replicas: int = 1
     engine_options: dict[str, Any] = field(default_factory=dict)
-    router: LlmRouterName = "default"
+    router: BaselineRouter = BaselineRouter.POW2
     router_kwargs: dict[str, Any] = field(default_factory=dict)
     on_cpu: bool = True
     max_ongoing_requests: int | None = None
@@ -75,8 +95,7 @@ class LlmBaselineConfig:
     port: int = 8000
 
     def __post_init__(self) -> None:
-        if self.router not in ("default", "prefix-aware"):
-            raise ValueError(f"router must be default or prefix-aware, got {self.router!r}")
+        self.router = parse_router(self.router)
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if not self.model:
@@ -102,13 +121,20 @@ class LlmBaselineConfig:
         return {"bundles": [dict(b) for b in CPU_BUNDLES]} if self.on_cpu else None
 
     def request_router_config(self) -> dict[str, Any] | None:
-        """The prefix-aware router as Ray's docs configure it; ``None`` keeps Serve's default."""
-        if self.router == "prefix-aware":
-            return {
-                "request_router_class": PREFIX_AWARE_ROUTER,
-                "request_router_kwargs": dict(self.router_kwargs),
-            }
-        return None
+        """The router as Ray's docs configure it; ``None`` keeps Serve's default (pow2)."""
+        if self.router is BaselineRouter.POW2:
+            return None
+        return {
+            "request_router_class": ROUTER_CLASSES[self.router],
+            "request_router_kwargs": dict(self.router_kwargs),
+        }
+
+    def serve_env(self) -> dict[str, str]:
+        """What the Ray started for this baseline must have in its environment: consistent
+        hashing keys on the session header, which Serve reads under the name set here."""
+        if self.router is BaselineRouter.CONSISTENT_HASH:
+            return {SESSION_HEADER_VARIABLE: SESSION}
+        return {}
 
     def deployment_config(self) -> dict[str, Any]:
         replicas = {"min_replicas": self.replicas, "max_replicas": self.replicas}
@@ -167,14 +193,11 @@ class LlmBaselineConfig:
             "http_port": self.port,
             "max_ongoing_requests_requested": self.max_ongoing_requests,
             "stream_batching_interval_ms_requested": self.stream_batching_interval_ms,
-            "router": self.router,
-            "router_class": router["request_router_class"] if router else SERVE_DEFAULT_ROUTER,
+            "router": self.router.value,
+            "router_class": ROUTER_CLASSES[self.router],
             "router_kwargs": router["request_router_kwargs"] if router else {},
-            "router_implementation": (
-                "ray.serve.llm PrefixCacheAffinityRouter (prefix tree, pow2 when imbalanced)"
-                if router
-                else "serve default PowerOfTwoChoicesRequestRouter"
-            ),
+            "router_implementation": ROUTER_IMPLEMENTATIONS[self.router],
+            "session_header": SESSION if self.serve_env() else None,
             "builder": "ray.serve.llm.build_openai_app",
             "throughput_optimized_requested": self.throughput_optimized,
             "llm_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RAYLLM_")},

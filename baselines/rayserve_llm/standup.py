@@ -16,11 +16,12 @@ from typing import Any, ClassVar
 
 import psutil
 
-from baselines.rayserve.config import serve_constants, serve_env_flags
+from baselines.rayserve.config import BaselineRouter, serve_constants, serve_env_flags
 from baselines.rayserve.standup import (
     ServeHandle,
     alive_actors,
     child_pids,
+    deployed_router,
     free_port,
     init_ray,
     on_a_worker,
@@ -31,10 +32,11 @@ from baselines.rayserve.standup import (
 )
 from baselines.rayserve_llm.config import (
     APP_NAME,
+    SESSION_HEADER_VARIABLE,
     LlmBaselineConfig,
-    LlmRouterName,
     llm_constants,
 )
+from zerolayer.wire.contract import SESSION
 
 LLM_SERVER_PREFIX = "LLMServer"
 INGRESS_PREFIX = "OpenAiIngress"
@@ -146,6 +148,17 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def check_session_header(constants: Mapping[str, Any]) -> None:
+    """ValueError (one line) unless the cluster's Serve reads the session id from the header
+    the loaders send: consistent hashing would otherwise key every request on its own id."""
+    header = constants.get("SERVE_SESSION_ID")
+    if header != SESSION:
+        raise ValueError(
+            f"the consistent-hash router keys on the {SESSION} header, but this cluster's "
+            f"Serve reads {header!r}: start it with {SESSION_HEADER_VARIABLE}={SESSION}"
+        )
+
+
 def _settings() -> dict[str, Any]:
     """Serve's and Serve LLM's flags, read on a worker of the cluster as replicas see them."""
     return {
@@ -172,7 +185,7 @@ def start_llm_baseline(
     model: str,
     replicas: int = 1,
     engine_options: Mapping[str, Any] | None = None,
-    router: LlmRouterName = "default",
+    router: BaselineRouter = BaselineRouter.POW2,
     ray_address: str | None = None,
     port: int = 0,
     ready_timeout_s: float = 600.0,
@@ -194,9 +207,13 @@ def start_llm_baseline(
     config = replace(config, port=port or free_port(config.host), on_cpu=_on_cpu())
     before = child_pids()
     cpus = CPUS_PER_REPLICA * replicas + EXTRA_CPUS
-    owns_ray = init_ray(ray_address, config.throughput_optimized, num_cpus=cpus)
+    owns_ray = init_ray(
+        ray_address, config.throughput_optimized, num_cpus=cpus, serve_env=config.serve_env()
+    )
     processes = processes_since(before) if owns_ray else []  # gcs_server, raylet, Ray's agents
     try:
+        if config.serve_env():
+            check_session_header(on_a_worker(serve_constants, ready_timeout_s))
         started = time.monotonic()
         deployed = _deploy(config)
         wait_http(config.host, config.port, READY_PATH, _lists(config.model_id), ready_timeout_s)
@@ -214,6 +231,7 @@ def start_llm_baseline(
             _ray_processes=processes,
         )
         handle.metadata.update(on_a_worker(_settings, ready_timeout_s))
+        handle.metadata.update(deployed_router(APP_NAME, LLM_SERVER_PREFIX))
         handle.metadata["pids"] = handle.pids()
         return handle
     except BaseException:
