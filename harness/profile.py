@@ -4,7 +4,9 @@ The scales are ``smoke``, ``laptop`` and ``seed``. A profile fixes the request s
 with prompt size and output length), the arrival process, its SLOs (``[slo]``: a bound on a
 percentile, e.g. ``ttft_p99_ms = 500``; a scale may override them) and, per scale, the rate,
 duration, connection count and a sweep's budget (``sweep_duration_s`` per point, and
-``sweep_repeats`` per rate).
+``sweep_repeats`` per rate). ``[workload]`` (a scale may override it under
+``[scales.X.workload]``) chooses where requests come from: the classes (synthetic), a ShareGPT
+or trace file, or generated multi-turn sessions (``WorkloadSpec``).
 Both stacks run the same profile, so everything that defines a run's load lives here and is
 validated strictly: an unknown key is an error, not a silently ignored typo.
 """
@@ -23,7 +25,15 @@ from zerolayer.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITI
 from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
 PROFILE_DIR: Final = Path(__file__).parent / "profiles"
-PROFILES: Final = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+PROFILES: Final = (
+    "a_latency",
+    "b_high_concurrency",
+    "c_mixed",
+    "d_fault",
+    "e_multi_turn",
+    "f_shared_prefix",
+)
+REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 SCALES: Final = ("smoke", "laptop", "seed")
 DEFAULT_SCALE: Final = "laptop"
 ARRIVALS: Final = ("constant", "poisson", "gamma")
@@ -105,7 +115,8 @@ class WorkloadSpec:
     ``think_s``: mean think time between a session's turns (exponential, seeded), measured from
     one turn's send to the next. ``prefix_tokens``: the shared prefix (system prompt, tool
     definitions) every session of one prefix group starts with; ``prefix_groups``: how many
-    distinct prefixes (one per tenant when 0). ``message_tokens``: each new user message.
+    distinct prefixes (one per tenant when 0). ``message_tokens``: each new user message (the
+    session's class's ``prompt_tokens`` when 0).
     """
 
     source: WorkloadSource = WorkloadSource.SYNTHETIC
@@ -116,6 +127,120 @@ class WorkloadSpec:
     prefix_tokens: int = 0
     prefix_groups: int = 0
     message_tokens: int = 0
+
+
+_WORKLOAD_KEYS: Final = {
+    "source",
+    "path",
+    "time_scale",
+    "max_turns",
+    "think_s",
+    "prefix_tokens",
+    "prefix_groups",
+    "message_tokens",
+}
+FILE_SOURCES: Final = (WorkloadSource.SHAREGPT, WorkloadSource.TRACE)
+
+
+def workload_path(path: str) -> Path:
+    """A workload file's path: absolute as given, relative against the repository root."""
+    given = Path(path).expanduser()
+    return given if given.is_absolute() else REPO_ROOT / given
+
+
+def _count(where: str, value: Any, least: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{where} must be an integer of at least {least}, got {value!r}")
+    return value
+
+
+def _seconds(where: str, value: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where} must be a number of at least 0, got {value!r}")
+    return float(value)
+
+
+def check_workload(where: str, spec: WorkloadSpec) -> WorkloadSpec:
+    """Raise ``ValueError`` (one line) when a file source has no path or its file is missing."""
+    if spec.source in FILE_SOURCES:
+        if not spec.path:
+            raise ValueError(f"{where}: source {spec.source.value!r} needs a path")
+        if not workload_path(spec.path).is_file():
+            raise ValueError(f"{where}: no such workload file: {workload_path(spec.path)}")
+    return spec
+
+
+def parse_workload(where: str, raw: dict[str, Any]) -> WorkloadSpec:
+    """``[workload]``: the source and its settings, validated as strictly as the rest."""
+    _unknown(where, raw, set(_WORKLOAD_KEYS))
+    source = raw.get("source", WorkloadSource.SYNTHETIC.value)
+    if source not in {s.value for s in WorkloadSource}:
+        choices = ", ".join(s.value for s in WorkloadSource)
+        raise ValueError(f"{where}: source must be one of {choices}, got {source!r}")
+    path = raw.get("path", "")
+    if not isinstance(path, str):
+        raise ValueError(f"{where}: path must be a string, got {path!r}")
+    spec = WorkloadSpec(
+        source=WorkloadSource(source),
+        path=path,
+        time_scale=_positive(f"{where} time_scale", raw.get("time_scale", 1.0)),
+        max_turns=_count(f"{where} max_turns", raw.get("max_turns", 1), 1),
+        think_s=_seconds(f"{where} think_s", raw.get("think_s", 0.0)),
+        prefix_tokens=_count(f"{where} prefix_tokens", raw.get("prefix_tokens", 0), 0),
+        prefix_groups=_count(f"{where} prefix_groups", raw.get("prefix_groups", 0), 0),
+        message_tokens=_count(f"{where} message_tokens", raw.get("message_tokens", 0), 0),
+    )
+    return check_workload(where, spec)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadChoice:
+    """A command line's ``--workload``: the source, its file, and a trace's time scale (0 keeps
+    the profile's)."""
+
+    source: WorkloadSource
+    path: str = ""
+    time_scale: float = 0.0
+
+
+WORKLOAD_OPTION_HELP: Final = (
+    "replace every profile's workload source: synthetic, sessions (generated multi-turn "
+    "sessions, the profile's [workload] settings), sharegpt:PATH (a ShareGPT-format JSON or "
+    "JSONL file) or trace:PATH[@SCALE] (a Mooncake .jsonl or BurstGPT .csv trace; @0.5 replays "
+    "it twice as fast); a relative path is from the current directory, else the repository "
+    "root, e.g. "
+    "sharegpt:harness/data/sharegpt_sample.json"
+)
+
+
+def parse_workload_option(text: str) -> WorkloadChoice:
+    """``--workload``'s value (see ``WORKLOAD_OPTION_HELP``); a one-line ``ValueError``."""
+    name, _, rest = text.partition(":")
+    try:
+        source = WorkloadSource(name.strip().lower())
+    except ValueError:
+        choices = "synthetic, sessions, sharegpt:PATH, trace:PATH[@SCALE]"
+        raise ValueError(f"unknown workload {text!r}; choose from {choices}") from None
+    if source not in FILE_SOURCES:
+        if rest:
+            raise ValueError(f"workload {source.value!r} takes no file, got {text!r}")
+        return WorkloadChoice(source)
+    time_scale = 0.0
+    head, at, scale = rest.rpartition("@")
+    if at and source is WorkloadSource.TRACE:
+        try:
+            time_scale = float(scale)
+        except ValueError:
+            raise ValueError(f"trace time scale must be a number, got {scale!r}") from None
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise ValueError(f"trace time scale must be positive, got {scale!r}")
+        rest = head
+    if not rest:
+        raise ValueError(f"workload {source.value!r} needs a file: {source.value}:PATH")
+    if Path(rest).expanduser().is_file():
+        rest = str(Path(rest).expanduser().resolve())
+    check_workload(f"{source.value}:{rest}", WorkloadSpec(source=source, path=rest))
+    return WorkloadChoice(source, rest, time_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +357,17 @@ class Profile:
 
     def with_slos(self, slos: tuple[Slo, ...]) -> Profile:
         return replace(self, slos=slos)
+
+    def with_workload(self, choice: WorkloadChoice) -> Profile:
+        """This profile with another workload source (``--workload``): its file and time scale
+        replaced where the choice gives them, the profile's other workload settings kept."""
+        spec = replace(
+            self.workload,
+            source=choice.source,
+            path=choice.path,
+            time_scale=choice.time_scale or self.workload.time_scale,
+        )
+        return replace(self, workload=check_workload(f"{self.name} workload", spec))
 
 
 def resolve_name(name: str) -> str:
@@ -404,6 +540,9 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         sweep_duration_s=_positive(f"{name} {scale} sweep_duration_s", sweep_s),
         sweep_repeats=_positive(
             f"{name} {scale} sweep_repeats", sc.get("sweep_repeats", DEFAULT_SWEEP_REPEATS), int
+        ),
+        workload=parse_workload(
+            f"{name} {scale} workload", _merge(raw.get("workload", {}), sc.get("workload", {}))
         ),
     )
 

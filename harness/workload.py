@@ -6,10 +6,16 @@ vLLM's ``bench serve``: constant spacing, Poisson, or gamma with a burstiness fa
 burstiness, mean gap = 1/rate; burstiness 1 is Poisson, below 1 burstier).
 Prompts are made lazily from one cached text per class, so a seed-scale schedule of millions of
 512 KB requests costs a few numbers per request, not the bodies.
+
+Beside the synthetic source (``Schedule``), a profile's ``[workload]`` may replay a ShareGPT-format
+file (``ShareGPTSchedule``), a request trace (``TraceSchedule``) or generate multi-turn sessions
+over shared prefixes (``SessionSchedule``); all are open loop (a request is sent at its offset
+whatever happened to the ones before) and build each request's prompt only when it is asked for.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +23,18 @@ from typing import overload
 
 import numpy as np
 
-from harness.profile import Profile, RequestClass
+from harness.datasets import (
+    MOONCAKE_BLOCK_TOKENS,
+    TraceRow,
+    WorkloadStats,
+    clamp_output,
+    read_sharegpt,
+    read_trace,
+    turn_prompt,
+)
+from harness.metrics import length_stats
+from harness.profile import Profile, RequestClass, WorkloadSource, workload_path
+from harness.tokens import BYTES_RULE, TokenRule
 from zerolayer.engine.tokens import detokenize, token_ids
 from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
@@ -108,12 +125,64 @@ class PlannedRequest:
         }
 
 
-class Schedule(Sequence[PlannedRequest]):
-    """The whole run's requests, built from arrays so a large schedule stays small in memory."""
+class _LazySchedule(Sequence[PlannedRequest]):
+    """A schedule that keeps arrays and builds each request when it is asked for."""
 
-    def __init__(self, profile: Profile, run_tag: str = "") -> None:
+    offsets: np.ndarray
+
+    def __init__(self, profile: Profile, run_tag: str) -> None:
         self.profile = profile
         self.run_tag = run_tag
+        self._shared: dict[tuple[int, int], str] = {}
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, i: int) -> PlannedRequest: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PlannedRequest]: ...
+
+    def __getitem__(self, i: int | slice) -> PlannedRequest | list[PlannedRequest]:
+        if isinstance(i, slice):
+            return [self._planned(k) for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._planned(i % len(self))
+
+    def _planned(self, i: int) -> PlannedRequest:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[PlannedRequest]:
+        for i in range(len(self)):
+            yield self._planned(i)
+
+    def shared_text(self, rule: TokenRule, tokens: int, seed: int) -> str:
+        """A text many requests share (a prefix, a trace block), made once per schedule."""
+        key = (tokens, seed)
+        if key not in self._shared:
+            self._shared[key] = rule.text(tokens, seed)
+        return self._shared[key]
+
+    def request_id(self, i: int) -> str:
+        tag = f"{self.run_tag}-" if self.run_tag else ""
+        return f"{tag}{self.profile.name[0]}{i:07d}"
+
+    def offered_rate(self) -> float:
+        """Requests per second the schedule really offers (its count over its span)."""
+        span = self.profile.duration_s
+        return len(self) / span if span > 0 else 0.0
+
+
+class Schedule(_LazySchedule):
+    """The synthetic workload: the classes' sizes, independent prompts, sessions drawn at random
+    (they only steer the ring). Under a tokenizer's rule each request announces what the rule
+    counts in its prompt (``harness.tokens.fit_classes`` sized the classes' bytes for it)."""
+
+    def __init__(self, profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE) -> None:
+        super().__init__(profile, run_tag)
+        self.rule = rule
         count = min(profile.max_requests, int(np.ceil(profile.rate * profile.duration_s)))
         offsets = arrival_offsets(
             profile.process, profile.rate, count, profile.seed, profile.burstiness
@@ -128,29 +197,11 @@ class Schedule(Sequence[PlannedRequest]):
         self.tenants = rng.integers(0, len(profile.tenants), size=n)
         self.seeds = rng.integers(0, 2**31 - 1, size=n)
 
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @overload
-    def __getitem__(self, i: int) -> PlannedRequest: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[PlannedRequest]: ...
-
-    def __getitem__(self, i: int | slice) -> PlannedRequest | list[PlannedRequest]:
-        if isinstance(i, slice):
-            return [self._planned(k) for k in range(*i.indices(len(self)))]
-        return self._planned(i)
-
     def _planned(self, i: int) -> PlannedRequest:
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
         cls: RequestClass = self.profile.classes[int(self.class_index[i])]
-        tag = f"{self.run_tag}-" if self.run_tag else ""
-        return PlannedRequest(
+        request = PlannedRequest(
             index=i,
-            request_id=f"{tag}{self.profile.name[0]}{i:07d}",
+            request_id=self.request_id(i),
             offset_s=float(self.offsets[i]),
             request_class=cls.name,
             prompt_bytes=cls.prompt_bytes,
@@ -161,20 +212,268 @@ class Schedule(Sequence[PlannedRequest]):
             priority=cls.priority,
             deadline_ms=cls.deadline_ms,
         )
-
-    def __iter__(self) -> Iterator[PlannedRequest]:
-        for i in range(len(self)):
-            yield self[i]
-
-    def offered_rate(self) -> float:
-        """Requests per second the schedule really offers (its count over its span)."""
-        span = self.profile.duration_s
-        return len(self) / span if span > 0 else 0.0
+        if self.rule is BYTES_RULE:
+            return request
+        return dataclasses.replace(request, tokens=self.rule.count(request.prompt()))
 
 
-def build_schedule(profile: Profile, run_tag: str = "") -> Schedule:
-    """The seeded schedule for a profile; ``run_tag`` only prefixes request ids."""
-    return Schedule(profile, run_tag)
+def _session_turns(
+    starts: np.ndarray, turns: np.ndarray, think_s: float, rng: np.random.Generator, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every kept (offset, session, turn) in send order, and each session's turn offsets.
+
+    Session ``s`` sends ``turns[s]`` turns, each an exponential think time (mean ``think_s``)
+    after the one before. Turns are sorted by offset (then session, then turn), so cutting at
+    ``limit`` only ever drops a session's later turns, never one inside it."""
+    width = int(turns.max()) if len(turns) else 0
+    gaps = rng.exponential(think_s, size=(len(starts), width)) if think_s > 0 else None
+    if gaps is None:
+        gaps = np.zeros((len(starts), width))
+    gaps[:, 0] = 0.0
+    at = starts[:, None] + np.cumsum(gaps, axis=1)
+    session = np.repeat(np.arange(len(starts)), width)
+    turn = np.tile(np.arange(1, width + 1), len(starts))
+    keep = turn <= np.repeat(turns, width)
+    offset, session, turn = at.ravel()[keep], session[keep], turn[keep]
+    order = np.lexsort((turn, session, offset))[:limit]
+    return offset[order], session[order], turn[order], at
+
+
+class SessionSchedule(_LazySchedule):
+    """Generated multi-turn sessions (``[workload] source = "sessions"``).
+
+    Sessions start by the profile's arrival process at ``rate / max_turns`` per second (so about
+    ``rate`` requests a second); session ``s`` belongs to tenant ``s mod tenants`` and prefix
+    group ``s mod prefix_groups`` (the tenant's when ``prefix_groups`` is 0). Turn ``k``'s
+    prompt is the group's shared prefix, then each earlier turn's user message and reply, then
+    turn ``k``'s message, joined by concatenation only, so every turn's prompt starts with the
+    previous one's bytes (the prefix cache hashes blocks of those bytes). The reply placed in the
+    history is exactly what the sim engine answers for that turn's seed and ``max_tokens``; for
+    another engine it stands in for the real reply, which the open-loop schedule cannot wait
+    for: turn ``k + 1`` is sent a think time after turn ``k`` was sent, whether or not it ended.
+    Each session draws one of the profile's classes by weight (its ``max_tokens``, priority and
+    deadline; its ``prompt_tokens`` sizes the messages when ``message_tokens`` is 0). Turns past
+    ``duration_s`` or ``max_requests`` are dropped: only ever a session's last turns.
+    """
+
+    def __init__(self, profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE) -> None:
+        super().__init__(profile, run_tag)
+        self.rule = rule
+        spec = profile.workload
+        count = min(profile.max_requests, int(np.ceil(profile.rate * profile.duration_s)))
+        starts = arrival_offsets(
+            profile.process,
+            profile.rate / spec.max_turns,
+            int(np.ceil(count / spec.max_turns)),
+            profile.seed,
+            profile.burstiness,
+        )
+        starts = starts[starts < profile.duration_s]
+        rng = np.random.default_rng([profile.seed, 2])
+        turns = np.full(len(starts), spec.max_turns)
+        self.offsets, self.session_of, self.turn_of, _ = _session_turns(
+            starts, turns, spec.think_s, rng, profile.max_requests
+        )
+        keep = self.offsets < profile.duration_s
+        self.offsets, self.session_of, self.turn_of = (
+            self.offsets[keep],
+            self.session_of[keep],
+            self.turn_of[keep],
+        )
+        weights = np.array([c.weight for c in profile.classes], dtype=float)
+        self.class_index = rng.choice(
+            len(profile.classes), size=len(starts), p=weights / weights.sum()
+        )
+        self.turn_seeds = rng.integers(0, 2**31 - 1, size=(len(starts), spec.max_turns))
+        self.message_seeds = rng.integers(0, 2**31 - 1, size=(len(starts), spec.max_turns))
+        self.groups = spec.prefix_groups or len(profile.tenants)
+
+    def prefix(self, group: int) -> str:
+        """The shared prefix (system prompt, tool definitions) of one prefix group."""
+        tokens = self.profile.workload.prefix_tokens
+        return (
+            self.shared_text(self.rule, tokens, _mix(self.profile.seed, 3, group)) if tokens else ""
+        )
+
+    def _message(self, s: int, turn: int, cls: RequestClass) -> str:
+        tokens = self.profile.workload.message_tokens or cls.prompt_tokens
+        return self.rule.text(tokens, int(self.message_seeds[s, turn - 1]))
+
+    def _planned(self, i: int) -> PlannedRequest:
+        s, k = int(self.session_of[i]), int(self.turn_of[i])
+        cls = self.profile.classes[int(self.class_index[s])]
+        parts = [self.prefix(s % self.groups)]
+        for j in range(1, k):
+            parts.append(self._message(s, j, cls))
+            parts.append(sim_reply(int(self.turn_seeds[s, j - 1]), cls.max_tokens))
+        parts.append(self._message(s, k, cls))
+        text = "".join(parts)
+        return PlannedRequest(
+            index=i,
+            request_id=self.request_id(i),
+            offset_s=float(self.offsets[i]),
+            request_class=cls.name,
+            prompt_bytes=len(text.encode()),
+            max_tokens=cls.max_tokens,
+            seed=int(self.turn_seeds[s, k - 1]),
+            session=f"s{s}",
+            tenant=self.profile.tenants[s % len(self.profile.tenants)],
+            priority=cls.priority,
+            deadline_ms=cls.deadline_ms,
+            turn=k,
+            text=text,
+            tokens=self.rule.count(text),
+        )
+
+
+class ShareGPTSchedule(_LazySchedule):
+    """Conversations of a ShareGPT-format file replayed as sessions, in an order shuffled by the
+    seed: each conversation's first ``max_turns`` turns (``harness.datasets.turn_prompt`` builds
+    each turn's prompt from the history), ``max_tokens`` the length of the file's reply to it.
+    Sessions start by the profile's arrival process at ``rate`` over the mean turns a session
+    replays, and turns follow each other by think time as in ``SessionSchedule``. The file is not
+    cycled: a run that needs more conversations than it holds ends early."""
+
+    def __init__(self, profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE) -> None:
+        super().__init__(profile, run_tag)
+        self.rule = rule
+        spec = profile.workload
+        conversations = read_sharegpt(workload_path(spec.path), rule)
+        order = np.random.default_rng([profile.seed, 4]).permutation(len(conversations))
+        self.conversations = [conversations[int(k)] for k in order]
+        turns = np.array([min(spec.max_turns, len(c.turns)) for c in self.conversations])
+        rate = profile.rate / float(turns.mean())
+        count = min(len(turns), profile.max_requests, int(np.ceil(rate * profile.duration_s)))
+        starts = arrival_offsets(profile.process, rate, count, profile.seed, profile.burstiness)
+        starts = starts[starts < profile.duration_s]
+        rng = np.random.default_rng([profile.seed, 5])
+        offsets, session_of, turn_of, _ = _session_turns(
+            starts, turns[: len(starts)], spec.think_s, rng, profile.max_requests
+        )
+        keep = offsets < profile.duration_s
+        self.offsets, self.session_of, self.turn_of = offsets[keep], session_of[keep], turn_of[keep]
+        self.seeds = rng.integers(0, 2**31 - 1, size=len(self.offsets))
+
+    def _planned(self, i: int) -> PlannedRequest:
+        s, k = int(self.session_of[i]), int(self.turn_of[i])
+        conv = self.conversations[s]
+        cls = self.profile.classes[0]
+        text = turn_prompt(conv.turns, k)
+        return PlannedRequest(
+            index=i,
+            request_id=self.request_id(i),
+            offset_s=float(self.offsets[i]),
+            request_class=cls.name,
+            prompt_bytes=len(text.encode()),
+            max_tokens=clamp_output(self.rule.count(conv.turns[k - 1][1])),
+            seed=int(self.seeds[i]),
+            session=f"s{s}",
+            tenant=self.profile.tenants[s % len(self.profile.tenants)],
+            priority=cls.priority,
+            deadline_ms=cls.deadline_ms,
+            turn=k,
+            text=text,
+            tokens=self.rule.count(text),
+        )
+
+
+class TraceSchedule(_LazySchedule):
+    """A request trace replayed open loop at its own timing: offsets are the rows' times from
+    the first, times ``time_scale``. A row's prompt has its ``input_length`` in tokens; where
+    the row names ``hash_ids`` (512-token prefix blocks), the prompt is one seeded text block per
+    id, so rows that share ids share those bytes, and the last block is cut short to the length.
+    A row without a session is its own session. The trace's rows and ``duration_s`` bound the
+    replay; the profile's ``rate`` and ``max_requests`` do not apply."""
+
+    def __init__(self, profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE) -> None:
+        super().__init__(profile, run_tag)
+        self.rule = rule
+        rows = read_trace(workload_path(profile.workload.path))
+        stamps = np.array([r.timestamp_s for r in rows])
+        offsets = (stamps - stamps[0]) * profile.workload.time_scale
+        count = int(np.searchsorted(offsets, profile.duration_s))
+        self.rows, self.offsets = rows[:count], offsets[:count]
+        rng = np.random.default_rng([profile.seed, 6])
+        self.seeds = rng.integers(0, 2**31 - 1, size=count)
+
+    def row_text(self, row: TraceRow, seed: int) -> str:
+        """``input_tokens`` of text: the row's prefix blocks, then text of its own."""
+        full, rest = divmod(row.input_tokens, MOONCAKE_BLOCK_TOKENS)
+        blocks = row.hash_ids[:full]
+        parts = [self._block(h, MOONCAKE_BLOCK_TOKENS) for h in blocks]
+        rest += (full - len(blocks)) * MOONCAKE_BLOCK_TOKENS
+        if rest and len(row.hash_ids) > len(blocks) and rest < MOONCAKE_BLOCK_TOKENS:
+            parts.append(self._block(row.hash_ids[len(blocks)], rest))
+        elif rest:
+            parts.append(self.rule.text(rest, seed))
+        return "".join(parts)
+
+    def _block(self, hash_id: int, tokens: int) -> str:
+        return self.shared_text(self.rule, tokens, _mix(self.profile.seed, 7, hash_id))
+
+    def _planned(self, i: int) -> PlannedRequest:
+        row, cls = self.rows[i], self.profile.classes[0]
+        seed = int(self.seeds[i])
+        text = self.row_text(row, seed)
+        request_id = self.request_id(i)
+        return PlannedRequest(
+            index=i,
+            request_id=request_id,
+            offset_s=float(self.offsets[i]),
+            request_class=cls.name,
+            prompt_bytes=len(text.encode()),
+            max_tokens=clamp_output(row.output_tokens),
+            seed=seed,
+            session=row.session or request_id,
+            tenant=self.profile.tenants[i % len(self.profile.tenants)],
+            priority=cls.priority,
+            deadline_ms=cls.deadline_ms,
+            text=text,
+            tokens=self.rule.count(text),
+        )
+
+
+def _mix(*parts: int) -> int:
+    """One seed from several integers (numpy's seed sequence), stable across runs."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def sim_reply(seed: int, max_tokens: int) -> str:
+    """The text the sim engine answers a request with this seed and ``max_tokens``."""
+    return detokenize(token_ids(seed, max_tokens))
+
+
+WorkloadSchedule = Schedule | SessionSchedule | ShareGPTSchedule | TraceSchedule
+
+
+def build_schedule(
+    profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE
+) -> WorkloadSchedule:
+    """The seeded schedule for a profile's workload source; ``run_tag`` only prefixes request
+    ids, ``rule`` counts every prompt (and makes those of the generated and trace sources)."""
+    source = profile.workload.source
+    if source is WorkloadSource.SESSIONS:
+        return SessionSchedule(profile, run_tag, rule)
+    if source is WorkloadSource.SHAREGPT:
+        return ShareGPTSchedule(profile, run_tag, rule)
+    if source is WorkloadSource.TRACE:
+        return TraceSchedule(profile, run_tag, rule)
+    return Schedule(profile, run_tag, rule)
+
+
+def describe_schedule(
+    schedule: Sequence[PlannedRequest], source: str, rule: TokenRule
+) -> WorkloadStats:
+    """The length distribution of what a schedule really sends, to set beside the file's."""
+    return WorkloadStats(
+        source=source,
+        rule=rule.name,
+        path="",
+        sha256="",
+        input_tokens=length_stats([r.prompt_tokens for r in schedule]),
+        output_tokens=length_stats([r.max_tokens for r in schedule]),
+    )
 
 
 def check_prompt(req: PlannedRequest) -> bool:

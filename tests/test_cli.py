@@ -24,7 +24,7 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["run", "--profiles", "e"], "unknown profile 'e'"),
+        (["run", "--profiles", "q"], "unknown profile 'q'"),
         (["run", "--stacks", "zerolayer,nginx"], "unknown stack(s) nginx"),
         (["run", "--replicas", "0"], "--replicas"),
         (["run", "--scale", "huge"], "invalid choice: 'huge'"),

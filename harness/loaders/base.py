@@ -95,6 +95,7 @@ def new_record(
         tenant=req.tenant,
         priority=req.priority,
         deadline_ms=req.deadline_ms,
+        turn=req.turn,
     )
 
 
@@ -103,10 +104,11 @@ def write_plan(
 ) -> dict[str, Path]:
     """The schedule as JSON for a loader in another process (k6, locust): ``plan.json`` with one
     entry per request (``url``: its replica, from ``replica_routes``), and ``fillers.json`` with
-    one prompt filler per prompt size, from which ``id + ":" + filler`` cut to ``prompt_bytes``
-    is exactly ``PlannedRequest.prompt()``."""
+    one prompt filler per synthetic prompt size, from which ``id + ":" + filler`` cut to
+    ``prompt_bytes`` is exactly ``PlannedRequest.prompt()``. A request with its own text (a
+    dataset, trace or session turn) carries it whole as ``prompt`` instead of a filler."""
     workdir.mkdir(parents=True, exist_ok=True)
-    sizes = sorted({r.prompt_bytes for r in schedule})
+    sizes = sorted({r.prompt_bytes for r in schedule if not r.text})
     filler_index = {size: i for i, size in enumerate(sizes)}
     plan = [
         {
@@ -115,7 +117,8 @@ def write_plan(
             "url": url.rstrip("/"),
             "offset_s": r.offset_s,
             "request_class": r.request_class,
-            "filler": filler_index[r.prompt_bytes],
+            **({"prompt": r.text} if r.text else {"filler": filler_index[r.prompt_bytes]}),
+            "turn": r.turn,
             "prompt_bytes": r.prompt_bytes,
             "prompt_tokens": r.prompt_tokens,
             "max_tokens": r.max_tokens,

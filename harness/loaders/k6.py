@@ -108,7 +108,8 @@ export default function () {
   if (auth) {
     headers['authorization'] = auth;
   }
-  const prompt = (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
+  const prompt = p.prompt !== undefined
+    ? p.prompt : (p.id + ':' + fillers[p.filler]).substring(0, p.prompt_bytes);
   const body = JSON.stringify(Object.assign(
     { prompt: prompt, max_tokens: p.max_tokens, stream: true, seed: p.seed }, CFG.extra_body));
   const res = http.post(

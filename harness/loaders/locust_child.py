@@ -65,7 +65,8 @@ def planned_request(p: dict[str, Any]) -> PlannedRequest:
         index=p["i"], request_id=p["id"], offset_s=p["offset_s"],
         request_class=p["request_class"], prompt_bytes=p["prompt_bytes"],
         max_tokens=p["max_tokens"], seed=p["seed"], session=p["session"], tenant=p["tenant"],
-        priority=p["priority"], deadline_ms=p["deadline_ms"],
+        priority=p["priority"], deadline_ms=p["deadline_ms"], turn=p.get("turn", 0),
+        text=p.get("prompt", ""), tokens=p["prompt_tokens"] if "prompt" in p else 0,
     )  # fmt: skip
 
 
@@ -89,7 +90,7 @@ def _sse(rec: RequestRecord, line: bytes, now_ns: int) -> None:
 
 def _post(client: HttpSession, p: dict[str, Any], rec: RequestRecord, run: _Run) -> None:
     """Send one planned request to its replica and read its SSE stream into ``rec``."""
-    prompt = (p["id"] + ":" + run.fillers[p["filler"]])[: p["prompt_bytes"]]
+    prompt = p.get("prompt") or (p["id"] + ":" + run.fillers[p["filler"]])[: p["prompt_bytes"]]
     body = {"prompt": prompt, "max_tokens": p["max_tokens"], "stream": True, "seed": p["seed"]}
     body.update(run.cfg.get("extra_body", {}))
     headers = dict(
