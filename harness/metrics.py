@@ -17,6 +17,10 @@ Beyond vLLM, for coordinated-omission-free reporting: ``e2el_intended`` and ``tt
 measure from the schedule's intended send time, ``client_queue`` is sent - intended, and ``lag``
 is the loader's scheduling lag (dispatch - intended). Counts: completed, errors by code, lost.
 The full latency distributions go into the summary as encoded HdrHistograms.
+Workload shape: ``input_lens`` / ``output_lens`` (count, mean, p10/p50/p90/p99 of prompt and
+output tokens) and, for multi-turn workloads, ``by_turn`` (per turn number: count, completed,
+TTFT p50/p90/p99, mean prompt tokens). A run adds ``prefix_cache`` from engine telemetry
+(``prefix_cache_stats``): tokens looked up and hit, hit rate, prefilled tokens per request.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Final
 
 import numpy as np
@@ -332,6 +336,175 @@ def saturation(records: Sequence[RequestRecord]) -> list[str]:
     return reasons
 
 
+LENGTH_PERCENTILES: Final = (10.0, 50.0, 90.0, 99.0)
+TURN_PERCENTILES: Final = (50.0, 90.0, 99.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthStats:
+    """A distribution of lengths in tokens: the keys a workload file's own description uses
+    (``count, mean, p10, p50, p90, p99``), so the report sets the two side by side."""
+
+    count: int
+    mean: float | None = None
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LengthStats:
+        """From summary.json or a workload description (extra keys there are ignored)."""
+        figures = {f.name: data.get(f.name) for f in fields(cls) if f.name != "count"}
+        return cls(int(data.get("count") or 0), **figures)
+
+
+def length_stats(lengths: Sequence[int]) -> LengthStats:
+    """count, mean and numpy's linear p10/p50/p90/p99; no figures (None) for no lengths."""
+    if not lengths:
+        return LengthStats(0)
+    arr = np.asarray(lengths, dtype=float)
+    p10, p50, p90, p99 = (float(v) for v in np.percentile(arr, LENGTH_PERCENTILES))
+    return LengthStats(int(arr.size), float(arr.mean()), p10, p50, p90, p99)
+
+
+def input_lengths(records: Iterable[RequestRecord]) -> LengthStats:
+    """Prompt tokens of every request that recorded them, whatever its outcome: the load sent."""
+    return length_stats([r.prompt_tokens for r in records if r.prompt_tokens > 0])
+
+
+def output_lengths(records: Iterable[RequestRecord]) -> LengthStats:
+    """Output tokens of the completed requests (a failed one's count is cut short)."""
+    return length_stats([r.output_tokens for r in records if r.outcome == "completed"])
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStats:
+    """One turn number of a multi-turn workload across its sessions: how many requests, how
+    many completed, their TTFT percentiles (None when none completed) and mean prompt length
+    (which grows turn by turn as the history does)."""
+
+    turn: int
+    count: int
+    completed: int
+    p50_ttft_ms: float | None
+    p90_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    mean_prompt_tokens: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TurnStats:
+        return cls(
+            int(data["turn"]),
+            int(data.get("count") or 0),
+            int(data.get("completed") or 0),
+            data.get("p50_ttft_ms"),
+            data.get("p90_ttft_ms"),
+            data.get("p99_ttft_ms"),
+            float(data.get("mean_prompt_tokens") or 0.0),
+        )
+
+
+def _turn_stats(turn: int, records: Sequence[RequestRecord]) -> TurnStats:
+    ttft = np.asarray(series(records)["ttft"], dtype=float)
+    p50, p90, p99 = (
+        (float(v) for v in np.percentile(ttft, TURN_PERCENTILES))
+        if ttft.size
+        else (None, None, None)
+    )
+    completed = sum(1 for r in records if r.outcome == "completed")
+    mean_prompt = float(np.mean([r.prompt_tokens for r in records]))
+    return TurnStats(turn, len(records), completed, p50, p90, p99, mean_prompt)
+
+
+def by_turn(records: Iterable[RequestRecord]) -> list[TurnStats]:
+    """Per turn number, in order, for the records with a turn; empty for a workload without
+    turns. TTFT against turn is what a prefix cache (and routing that finds it) changes."""
+    turns: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.turn > 0:
+            turns.setdefault(r.turn, []).append(r)
+    return [_turn_stats(turn, turns[turn]) for turn in sorted(turns)]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """A stack's prefix cache over one profile, summed over its replicas: prompt tokens looked
+    up (``queries``) and found cached (``hits``), as vLLM counts them, and the requests that
+    completed. ``queries`` None: the stack's engines do not report the counters (an external
+    stack, a loader without engine telemetry, an engine without prefix caching), shown "n/a"."""
+
+    queries: int | None = None
+    hits: int | None = None
+    completed: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / queries; None without lookups (never a misleading 0 %)."""
+        if not self.queries or self.hits is None:
+            return None
+        return self.hits / self.queries
+
+    @property
+    def prefilled_per_request(self) -> float | None:
+        """Prompt tokens the engines had to prefill, per completed request."""
+        if not self.queries or self.hits is None or not self.completed:
+            return None
+        return (self.queries - self.hits) / self.completed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queries": self.queries,
+            "hits": self.hits,
+            "completed": self.completed,
+            "hit_rate": self.hit_rate,
+            "prefilled_tokens_per_request": self.prefilled_per_request,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PrefixCacheStats:
+        if not data:
+            return cls()
+        return cls(data.get("queries"), data.get("hits"), int(data.get("completed") or 0))
+
+
+PREFIX_COUNTERS: Final = ("prefix_cache_queries", "prefix_cache_hits")
+
+
+def _replica_increases(readings: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """Queries and hits one replica counted; a drop in either counter is a restart of both."""
+    queries = hits = 0.0
+    for before, after in itertools.pairwise(readings):
+        q0, h0 = before["prefix_cache_queries"], before["prefix_cache_hits"]
+        q1, h1 = after["prefix_cache_queries"], after["prefix_cache_hits"]
+        restarted = q1 < q0 or h1 < h0
+        queries += q1 if restarted else q1 - q0
+        hits += h1 if restarted else h1 - h0
+    return queries, hits
+
+
+def prefix_cache_stats(samples: Iterable[Mapping[str, Any]], completed: int) -> PrefixCacheStats:
+    """The counters' increase between each replica's first and last sample (``samples`` in time
+    order, keyed by replica ``name``), summed over replicas. Samples without the counters (a
+    failed read, an engine that has none) are skipped; with none left the figures are None."""
+    by_replica: dict[str, list[Mapping[str, Any]]] = {}
+    for sample in samples:
+        if all(sample.get(k) is not None for k in PREFIX_COUNTERS):
+            by_replica.setdefault(str(sample.get("name", "")), []).append(sample)
+    if not by_replica:
+        return PrefixCacheStats(completed=completed)
+    increases = [_replica_increases(readings) for readings in by_replica.values()]
+    queries = round(sum(q for q, _ in increases))
+    hits = round(sum(h for _, h in increases))
+    return PrefixCacheStats(queries, hits, completed)
+
+
 def summarize(
     records: Sequence[RequestRecord],
     duration_s: float | None = None,
@@ -372,4 +545,7 @@ def summarize(
     out["loader_limited"] = lag_reason(out, lag_fraction=lag_fraction) is not None
     out["saturation_reasons"] = saturation(records)
     out["saturated"] = bool(out["saturation_reasons"])
+    out["input_lens"] = input_lengths(records).to_dict()
+    out["output_lens"] = output_lengths(records).to_dict()
+    out["by_turn"] = [t.to_dict() for t in by_turn(records)]
     return out

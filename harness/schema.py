@@ -193,6 +193,11 @@ class SummaryRow:
     in which the stacks and the loader fought for CPU. ``records_file`` names a sweep point's
     per-request file, relative to the run directory.
 
+    The workload's shape (``harness.metrics`` writes and reads these): ``input_lens`` and
+    ``output_lens`` (a ``LengthStats``: count, mean, p10/p50/p90/p99 tokens), ``by_turn`` (a
+    ``TurnStats`` per turn number; empty without turns) and ``prefix_cache`` (a
+    ``PrefixCacheStats`` from the engines' telemetry; empty where the run had none).
+
     On disk the row is flat with vLLM's key names (``median_e2el_ms`` ...); here the series
     statistics sit in ``stats`` (None where the series was empty: no completions means no
     latency, not 0 ms) and keys this class does not know are kept in ``other``, verbatim.
@@ -234,6 +239,10 @@ class SummaryRow:
     ttft_is_first_byte: bool = False
     loader_extra: dict[str, Any] = field(default_factory=dict)
     recomputed: bool = False
+    input_lens: dict[str, Any] = field(default_factory=dict)
+    output_lens: dict[str, Any] = field(default_factory=dict)
+    by_turn: list[dict[str, Any]] = field(default_factory=list)
+    prefix_cache: dict[str, Any] = field(default_factory=dict)
     other: dict[str, Any] = field(default_factory=dict)
 
     def stat(self, key: str) -> float | None:

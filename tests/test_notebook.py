@@ -9,6 +9,7 @@ import pytest
 from nbclient import NotebookClient
 from simrun import Spec, fail_everything, make_run
 from test_sweep_report import make_sweep
+from test_turns import MULTI_TURN, with_turns
 
 from bench.report import load_run
 from bench.report.plots import plots_for
@@ -17,13 +18,16 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "reproduce.ipynb"
 
 
-@pytest.mark.parametrize("kind", ["served", "nothing-completed", "sweep"])
+@pytest.mark.parametrize("kind", ["served", "nothing-completed", "sweep", "multi-turn"])
 def test_notebook_redraws_every_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     if kind == "sweep":
         run_dir = tmp_path / "run"
         make_sweep(run_dir)
+    elif kind == "multi-turn":
+        profiles = {"a_latency": Spec(count=12, rate=40.0), MULTI_TURN: Spec(count=16)}
+        run_dir = with_turns(make_run(tmp_path / "run", profiles=profiles), {"zerolayer": (90, 60)})
     else:
         run_dir = make_run(tmp_path / "run", profiles={"a_latency": Spec(count=12, rate=40.0)})
     if kind == "nothing-completed":
@@ -49,5 +53,9 @@ def test_notebook_redraws_every_figure(
     assert "layer adds 80-150 ms" in text
     if kind == "sweep":
         assert "load_goodput" in expected and f"run {run_dir.name}: scale laptop" in text
+    elif kind == "multi-turn":
+        assert f"ttft_by_turn-{MULTI_TURN}" in expected
+        assert "zerolayer: prefix-cache hit rate 66.7 %" in text
+        assert "baseline: prefix-cache hit rate n/a," in text
     else:
         assert f"run {run_dir.name}: scale test" in text and "zerolayer  a_latency" in text

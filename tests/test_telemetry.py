@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,10 @@ zl_refusals_total{code="kv_exhausted"} 1
 zl_kv_waste_ratio 0.0625
 zl_requests_total{outcome="completed"} 40
 zl_requests_total{outcome="error"} 2
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1200.0
+vllm:prefix_cache_queries_created{engine="0",model_name="llama"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 900.0
 """
 
 
@@ -213,6 +218,8 @@ def test_prometheus_scrape_and_a_replica_that_is_down(metrics_server: str) -> No
     assert (up["kv_usage"], up["running"], up["waiting"], up["preemptions"]) == (0.25, 7, 3, 2)
     assert up["kv_waste"] == 0.0625 and up["up"] == 1
     assert up["requests_total"] == 42, "requests served, every outcome, for per-replica spread"
+    assert (up["prefix_cache_queries"], up["prefix_cache_hits"]) == (1200, 900)
+    assert "prefix_cache_queries" not in health, "/health has no prefix-cache counters"
     assert health["kv_usage"] == 0.5
     assert gone["up"] == 0 and "error" in gone
 
@@ -280,9 +287,10 @@ def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:
     publish_stats(path, engine.stats())
     engine.add_request(EngineRequest("a", 40, 8))
     engine.commit(engine.schedule())
-    publish_stats(path, engine.stats())
+    publish_stats(path, replace(engine.stats(), prefix_cache_queries=40, prefix_cache_hits=16))
     row = target.read()
     assert row["running"] == 1
+    assert (row["prefix_cache_queries"], row["prefix_cache_hits"]) == (40, 16)
     assert row["kv_blocks_used"] == 3 and row["live_tokens"] == 40
     assert row["kv_usage"] == pytest.approx(3 / 64)
     assert row["kv_waste"] == pytest.approx(1 - 40 / 48)

@@ -94,6 +94,31 @@ class RunData:
             return []
         return schema.read_requests(path)
 
+    @property
+    def turn_profiles(self) -> list[str]:
+        """The profiles whose requests carry turns (multi-turn sessions), in profile order."""
+        return [
+            p
+            for p in self.profiles
+            if any(r.turn > 0 for s in self.stacks for r in self.records.get((s, p), []))
+        ]
+
+    def prefix_cache(self, stack: str, profile: str) -> metrics.PrefixCacheStats:
+        """The stack's prefix-cache figures over the profile as the run recorded them from its
+        engines' telemetry; without them (no engine telemetry, an older run) all None."""
+        row = self.summary(stack, profile)
+        return metrics.PrefixCacheStats.from_dict(row.prefix_cache if row else None)
+
+    def workload_lengths(self, profile: str) -> dict[str, metrics.LengthStats]:
+        """The workload file's own input and output length distributions (run.json's
+        ``workload_stats``), keyed ``input``/``output``; empty when the run did not record them."""
+        stats = self.meta.profiles.get(profile, {}).get("workload_stats") or {}
+        return {
+            which: metrics.LengthStats.from_dict(stats[which])
+            for which in ("input", "output")
+            if isinstance(stats.get(which), dict)
+        }
+
     def capacity(self, profile: str) -> float | None:
         """The engines' predicted capacity (req/s) for a profile, when the run recorded it."""
         capacity = self.meta.profiles.get(profile, {}).get("capacity") or {}

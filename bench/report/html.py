@@ -3,8 +3,9 @@
 Sections: an "incomplete run" banner when the run was cut short; for a sweep, the headline
 figures per stack first (max goodput, knee, highest rate within the SLOs, each with its interval
 over repeats) and the table of points; the run header, validity flags, the summary table, the
-claims check, fault markers, telemetry sources, a note where the host's CPU was full, and every
-plot that applies to the run.
+multi-turn profiles' figures by turn and every stack's prefix-cache hit rate, each profile's input
+and output lengths (beside its workload file's), the claims check, fault markers, telemetry
+sources, a note where the host's CPU was full, and every plot that applies to the run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from bench.report import claims, plots
 from bench.report.data import RunData, load_run, read_recovery
-from harness import curves, schema
+from harness import curves, metrics, schema
 from harness.curves import Interval
 from harness.schema import SummaryRow, SweepSection
 
@@ -348,6 +349,127 @@ def _recovery_section(run: RunData) -> str:
     )
 
 
+NOT_AVAILABLE = "n/a"
+LENGTH_KEYS: tuple[str, ...] = ("mean", "p10", "p50", "p90", "p99")
+
+
+def _or_na(value: float | None, fmt: str) -> str:
+    """A figure, or "n/a" where the stack did not report it (never a misleading 0)."""
+    return NOT_AVAILABLE if value is None else fmt.format(value)
+
+
+def _length_cells(stats: metrics.LengthStats) -> list[str]:
+    return [f"{stats.count}", *(_or_na(getattr(stats, k), "{:.1f}") for k in LENGTH_KEYS)]
+
+
+def _lengths_section(run: RunData) -> str:
+    """Every profile's prompt and output lengths in tokens as sent and answered, beside the
+    workload file's own distribution where the run recorded it."""
+    rows = []
+    for profile in run.profiles:
+        workload = run.workload_lengths(profile)
+        for which, lengths in (
+            ("input", metrics.input_lengths),
+            ("output", metrics.output_lengths),
+        ):
+            for stack in run.stacks:
+                recs = run.records.get((stack, profile))
+                if recs:
+                    rows.append(
+                        [escape(profile), which, escape(stack), *_length_cells(lengths(recs))]
+                    )
+            if which in workload:
+                rows.append(
+                    [escape(profile), which, "workload file", *_length_cells(workload[which])]
+                )
+    if not rows:
+        return ""
+    headers = ["profile", "tokens", "source", "count", "mean", "p10", "p50", "p90", "p99"]
+    note = (
+        "<p>Input: prompt tokens of every request sent; output: tokens of completed requests; "
+        "the workload file's rows are its own distribution.</p>"
+    )
+    return "<h2>Input and output lengths (tokens)</h2>" + note + _table(headers, rows, left=3)
+
+
+def _turns_section(run: RunData) -> str:
+    """Per multi-turn profile, per stack and turn: requests, completions, TTFT percentiles and
+    mean prompt tokens (the history grows turn by turn)."""
+    parts = []
+    for profile in run.turn_profiles:
+        rows = [
+            [
+                escape(stack),
+                f"{t.turn}",
+                f"{t.count}",
+                f"{t.completed}",
+                _cell(t.p50_ttft_ms, "{:.2f}"),
+                _cell(t.p90_ttft_ms, "{:.2f}"),
+                _cell(t.p99_ttft_ms, "{:.2f}"),
+                f"{t.mean_prompt_tokens:.1f}",
+            ]
+            for stack in run.stacks
+            for t in metrics.by_turn(run.records.get((stack, profile), []))
+        ]
+        headers = [
+            "stack",
+            "turn",
+            "requests",
+            "completed",
+            "TTFT p50 (ms)",
+            "TTFT p90 (ms)",
+            "TTFT p99 (ms)",
+            "mean prompt tokens",
+        ]
+        parts.append(f"<h3>By turn: {escape(profile)}</h3>" + _table(headers, rows, left=1))
+    return "<h2>Multi-turn sessions</h2>" + "".join(parts) if parts else ""
+
+
+def _prefix_cache_profiles(run: RunData) -> list[str]:
+    """Multi-turn profiles, and any other whose stacks reported prefix-cache lookups."""
+    turned = set(run.turn_profiles)
+    return [
+        p
+        for p in run.profiles
+        if p in turned or any(run.prefix_cache(s, p).queries for s in run.stacks)
+    ]
+
+
+def _prefix_cache_section(run: RunData) -> str:
+    """Per stack: the engines' prefix-cache hit rate and prefilled tokens per request."""
+    rows = []
+    for profile in _prefix_cache_profiles(run):
+        for stack in run.stacks:
+            cache = run.prefix_cache(stack, profile)
+            rate = None if cache.hit_rate is None else 100 * cache.hit_rate
+            rows.append(
+                [
+                    escape(stack),
+                    escape(profile),
+                    _or_na(cache.queries, "{:.0f}"),
+                    _or_na(cache.hits, "{:.0f}"),
+                    _or_na(rate, "{:.1f} %"),
+                    _or_na(cache.prefilled_per_request, "{:.1f}"),
+                ]
+            )
+    if not rows:
+        return ""
+    headers = [
+        "stack",
+        "profile",
+        "prompt tokens looked up",
+        "cache hits (tokens)",
+        "hit rate",
+        "prefilled tokens / request",
+    ]
+    note = (
+        "<p>From the engines' <code>vllm:prefix_cache_queries</code> and "
+        "<code>vllm:prefix_cache_hits</code> over the profile, summed over replicas; n/a where "
+        "the stack's engines reported no lookups (no engine telemetry, or no prefix cache).</p>"
+    )
+    return "<h2>Prefix cache</h2>" + note + _table(headers, rows, left=2)
+
+
 def _telemetry_section(run: RunData) -> str:
     sources = run.meta.telemetry.get("sources", [])
     if not sources:
@@ -405,6 +527,9 @@ def render(run_dir: str | Path) -> Path:
         _validity_section(run),
         _points_section(sweep) if sweep is not None else "",
         _summary_section(run),
+        _turns_section(run),
+        _prefix_cache_section(run),
+        _lengths_section(run),
         _claims_section(run),
         _faults_section(run),
         _recovery_section(run),

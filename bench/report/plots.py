@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -831,7 +832,36 @@ def cpu_by_component(run: RunData) -> Figure:
     return fig
 
 
+def ttft_by_turn(run: RunData, profile: str) -> Figure:
+    """TTFT p50 (solid) and p90 (dashed) against turn number, one line per stack: with a prefix
+    cache, later turns prefill only their new message when routing finds the cached history."""
+    fig, ax = _figure(figsize=(8, 4.8))
+    _title(fig, run, f"TTFT by turn, profile {profile} (p50 solid, p90 dashed)")
+    drawn = False
+    for stack in run.stacks:
+        turns = metrics.by_turn(run.records.get((stack, profile), []))
+        color = stack_color(run, stack)
+        for key, label, style in (("p50_ttft_ms", "p50", "-"), ("p90_ttft_ms", "p90", "--")):
+            points = [(t.turn, getattr(t, key)) for t in turns if getattr(t, key) is not None]
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, style, marker="o", color=color, label=f"{stack} TTFT {label}")
+            drawn = True
+    if not drawn:
+        _no_completions(ax, f"no completed requests with a turn in profile {profile}")
+        return fig
+    ax.set_xlabel("turn in session")
+    ax.set_ylabel("TTFT (ms)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 Draw = Callable[[RunData], Figure]
+TTFT_BY_TURN: Final = "ttft_by_turn"
 
 RUN_PLOTS: dict[str, Draw] = {
     "latency_cdf": latency_cdf,
@@ -852,11 +882,14 @@ PLOTS: dict[str, Draw] = {**RUN_PLOTS, **SWEEP_PLOTS}
 
 def plots_for(run: RunData) -> dict[str, Draw]:
     """The figures that have data in this run: a sweep's load curves and its telemetry over
-    time; a plain run's per-profile figures (the load curves would only say "no sweep")."""
+    time; a plain run's per-profile figures (the load curves would only say "no sweep"); TTFT
+    by turn for each profile with multi-turn sessions (``ttft_by_turn-<profile>``)."""
     chosen = dict(SWEEP_PLOTS) if run.sweep is not None else {}
     for name, draw in RUN_PLOTS.items():
         if run.sweep is None or run.records or name in TELEMETRY_PLOTS:
             chosen[name] = draw
+    for profile in run.turn_profiles:
+        chosen[f"{TTFT_BY_TURN}-{profile}"] = partial(ttft_by_turn, profile=profile)
     return chosen
 
 

@@ -1,4 +1,5 @@
-"""Engine source: load, KV occupancy, KV waste and allocator fragmentation per replica.
+"""Engine source: load, KV occupancy, KV waste, allocator fragmentation and the prefix cache's
+cumulative counters (``prefix_cache_queries``/``prefix_cache_hits``, tokens) per replica.
 
 A replica is read either in-process (``Engine.stats()``) or over HTTP from its ``/metrics``
 (Prometheus text, vLLM's metric names) or ``/health`` (JSON). In-process is exact; the HTTP forms
@@ -11,12 +12,13 @@ import http.client
 import json
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from harness.schema import read_jsonl
 from harness.telemetry.sampler import Availability
 from zerolayer.engine.types import Engine, EngineStats
 
@@ -36,6 +38,8 @@ PROMETHEUS_KEYS: dict[str, str] = {
     "zl_allocator_inactive_split_bytes": "alloc_inactive_split_bytes",
     "zl_allocator_reserved_bytes": "alloc_reserved_bytes",
     "zl_requests_total": "requests_total",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
 }
 HEALTH_KEYS: dict[str, str] = {
     "kv_usage": "kv_usage",
@@ -86,6 +90,8 @@ def stats_row(stats: EngineStats) -> dict[str, Any]:
         "live_tokens": stats.live_tokens,
         "preemptions": stats.preemptions,
         "busy_time_s": stats.busy_time_s,
+        "prefix_cache_queries": stats.prefix_cache_queries,
+        "prefix_cache_hits": stats.prefix_cache_hits,
     }
     for key, names in _ALLOCATOR_KEYS.items():
         for name in names:
@@ -93,6 +99,25 @@ def stats_row(stats: EngineStats) -> dict[str, Any]:
                 row[key] = float(stats.allocator[name])
                 break
     return row
+
+
+def phase_rows(path: str | Path, stack: str, phase: str) -> list[dict[str, Any]]:
+    """One stack's engine rows sampled during ``phase``, in time order, from telemetry.jsonl
+    (the sampler may be appending: a torn last line is skipped)."""
+    if not Path(path).exists():
+        return []
+    return [
+        row
+        for row in read_jsonl(path)
+        if row.get("source") == EngineSource.kind
+        and row.get("stack") == stack
+        and row.get("phase") == phase
+    ]
+
+
+def named_reads(reads: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``{replica: row}`` (``Telemetry.last_reads``) as rows named like the sampler's."""
+    return [{"name": name, **row} for name, row in reads.items()]
 
 
 def _last_json_line(path: Path, tail_bytes: int = 8192) -> dict[str, Any]:
