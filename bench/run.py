@@ -33,16 +33,36 @@ from typing import Any
 import orjson
 import psutil
 
+from baselines.rayserve.config import BASELINE_ROUTERS, BaselineRouter, parse_router
 from harness import schema
 from harness.capacity import Capacity, preflight
+from harness.datasets import describe_workload
 from harness.errors import UsageError
 from harness.loaders import LOADERS, LoadResult, ProgressStyle, loader_with, needs_tls
-from harness.metrics import Slo, goodput, override_slos, parse_slo_option, summarize
-from harness.profile import PROFILES, SCALES, Profile, load_profile, resolve_name
+from harness.metrics import (
+    PrefixCacheStats,
+    Slo,
+    TurnStats,
+    goodput,
+    override_slos,
+    parse_slo_option,
+    prefix_cache_stats,
+    summarize,
+)
+from harness.profile import (
+    PROFILES,
+    SCALES,
+    WORKLOAD_OPTION_HELP,
+    Profile,
+    WorkloadChoice,
+    WorkloadSource,
+    load_profile,
+    parse_workload_option,
+    resolve_name,
+)
 from harness.schema import RunEnd, RunMeta, SummaryRow, SweepSection
 from harness.stacks import (
     ALL_STACKS,
-    BASELINE_ROUTERS,
     STACKS,
     Credentials,
     Stack,
@@ -64,7 +84,16 @@ from harness.telemetry import (
     cpu_speed,
     measure_host_cpu,
 )
-from harness.workload import Schedule, build_schedule
+from harness.telemetry.engine import named_reads, phase_rows
+from harness.tokens import (
+    BYTES_RULE,
+    TokenRule,
+    class_fits,
+    context_length,
+    fit_classes,
+    token_rule,
+)
+from harness.workload import WorkloadSchedule, build_schedule
 from zerolayer.cliargs import positive_int
 from zerolayer.engine import ENGINES
 from zerolayer.engine.options import add_engine_option, validate_engine_options
@@ -96,11 +125,12 @@ class RunConfig:
     zerolayer_urls: tuple[str, ...] = ()
     baseline_url: str = ""
     ray_address: str | None = None
-    baseline_router: str = "default"
+    baseline_router: BaselineRouter | None = None  # None: each baseline's own default
     telemetry_interval_s: float = 0.25
     slos: tuple[Slo, ...] = ()
     quiet: bool = False
     auth: bool = False
+    workload: WorkloadChoice | None = None  # --workload: every profile's source replaced
 
     def spec(self, name: StackName, credentials: Credentials | None = None) -> StackSpec:
         """The stack to stand up for ``name``: external when URLs were given for it; with
@@ -184,12 +214,14 @@ def _machine() -> dict[str, Any]:
 
 class RunDir:
     """The results directory: run.json rewritten at every change of state, summary.json after
-    every row and every sweep point."""
+    every row and every sweep point. ``rule`` is the run's token rule (``choose_token_rule``):
+    every schedule is built with it, and run.json records its name as ``token_rule``."""
 
-    def __init__(self, config: RunConfig, kind: str = "") -> None:
+    def __init__(self, config: RunConfig, kind: str = "", rule: TokenRule = BYTES_RULE) -> None:
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{config.scale}" + (f"-{kind}" if kind else "")
         self.path = Path(config.out) / run_id
         self.path.mkdir(parents=True, exist_ok=False)
+        self.rule = rule
         self.summary: list[SummaryRow] = []
         self.sweep: SweepSection | None = None
         # --auth: the key file in this directory and each tenant's key (see the module docstring)
@@ -204,6 +236,7 @@ class RunDir:
             versions=_versions(),
             machine=_machine(),
             started_ns=time.time_ns(),
+            other={"token_rule": rule.name},
         )
         self.save()
 
@@ -232,6 +265,7 @@ class Telemetry:
 
     def __init__(self, run: RunDir, interval_s: float) -> None:
         self.phases = PhaseLog(run.path / schema.PHASES)
+        self.path = run.path / schema.TELEMETRY
         self.engines, self.procs = EngineSource(), ProcessSource()
         self.procs.add(Component("loader", os.getpid(), "loader"))
         self.watched: dict[str, list[EngineTarget]] = {}
@@ -265,6 +299,18 @@ class Telemetry:
             except Exception as exc:  # a replica that is gone is recorded, not fatal
                 reads[target.name] = {"error": f"{type(exc).__name__}: {exc}"}
         return reads
+
+    def prefix_cache(
+        self, stack: Stack, phase: str, before: dict[str, dict[str, Any]], completed: int
+    ) -> PrefixCacheStats:
+        """The stack's prefix-cache counters over one phase: each replica read just before it
+        (``before``), sampled during it, and read once more now, summed over replicas."""
+        samples = [
+            *named_reads(before),
+            *phase_rows(self.path, stack.name, phase),
+            *named_reads(self.last_reads(stack)),
+        ]
+        return prefix_cache_stats(samples, completed)
 
     def unwatch(self, stack: Stack) -> None:
         self.watched.pop(stack.name, None)
@@ -329,7 +375,7 @@ def summary_row(result: LoadResult, profile: Profile, offered: float, host: Host
 def drive(
     loader: str,
     quiet: bool,
-    schedule: Schedule,
+    schedule: WorkloadSchedule,
     stack: Stack,
     profile: Profile,
     records: Path,
@@ -339,31 +385,97 @@ def drive(
     with measure_host_cpu() as host, _loader_priority():
         chosen = loader_with(loader, progress=ProgressStyle.QUIET if quiet else ProgressStyle.AUTO)
         result = chosen.run(schedule, stack, profile, records, workdir)
-    return summary_row(result, profile, profile.rate, host[0])
+    return summary_row(result, profile, nominal_rate(profile, schedule), host[0])
+
+
+def nominal_rate(profile: Profile, schedule: WorkloadSchedule) -> float:
+    """The rate a schedule was built for: the profile's (a sweep point's) for a synthetic
+    workload; for a file or generated sessions, what the schedule really offers (a trace keeps
+    its own timing, and late sessions lose the turns past the end)."""
+    if profile.workload.source is WorkloadSource.SYNTHETIC:
+        return profile.rate
+    return schedule.offered_rate()
 
 
 def _fmt_ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def choose_token_rule(config: RunConfig, profiles: Sequence[Profile]) -> TokenRule:
+    """The rule the run's engine counts prompts by (``harness.tokens.token_rule``), checked
+    before the run starts: a tokenizer that does not load, or a class whose output leaves its
+    prompt no room in the engine's context, is the user's mistake. Under a tokenizer, says how
+    each synthetic class's prompt is resized to keep its token count."""
+    try:
+        rule = token_rule(config.engine, config.engine_options)
+        if rule is not BYTES_RULE:
+            context = context_length(config.engine_options)
+            fits = [fit for p in profiles for fit in class_fits(p, rule, context)]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if rule is not BYTES_RULE:
+        for fit in fits:
+            say(fit.line())
+    return rule
+
+
+def workload_stats(profile: Profile, rule: TokenRule) -> dict[str, Any]:
+    """run.json's ``workload_stats`` for a profile replaying a file: the file's own input and
+    output length distribution under the run's rule, so the report can set the replayed
+    requests' beside it (nothing for a generated workload)."""
+    try:
+        stats = describe_workload(profile, rule)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if stats is None:
+        return {}
+    return {
+        "workload_stats": {
+            "source": stats.source,
+            "path": stats.path,
+            "sha256": stats.sha256,
+            "rule": stats.rule,
+            "input": stats.input_tokens.to_dict(),
+            "output": stats.output_tokens.to_dict(),
+        }
+    }
+
+
+def schedule_for(
+    profile: Profile, rule: TokenRule, engine_options: dict[str, Any], run_tag: str = ""
+) -> WorkloadSchedule:
+    """The profile's seeded schedule under the run's token rule; under a tokenizer, each
+    synthetic class's prompt bytes are first resized to give its token count
+    (``harness.tokens.fit_classes``, as ``zl-bench fidelity`` does)."""
+    if rule is not BYTES_RULE:
+        profile = fit_classes(profile, rule, context_length(engine_options))
+    return build_schedule(profile, run_tag, rule=rule)
+
+
 def _run_load_profile(
     profile: Profile, stack: Stack, config: RunConfig, run: RunDir, tele: Telemetry
 ) -> SummaryRow:
     """One non-fault profile on one stack through the configured loader."""
+    schedule = schedule_for(profile, run.rule, config.engine_options)
     say(
-        f"{stack.name} / {profile.name}: {profile.rate:g} req/s for {profile.duration_s:g} s "
-        f"({config.loader} loader)"
+        f"{stack.name} / {profile.name}: {len(schedule)} requests, "
+        f"{nominal_rate(profile, schedule):.3g} req/s for {profile.duration_s:g} s "
+        f"({profile.workload.source.value} workload, {config.loader} loader)"
     )
     records = run.path / schema.requests_file(stack.name, profile.name)
     workdir = run.path / "loader" / f"{stack.name}-{profile.name}"
-    schedule = build_schedule(profile)
-    tele.phases.begin(f"{stack.name}/{profile.name}", stack=stack.name, profile=profile.name)
+    phase = f"{stack.name}/{profile.name}"
+    before = tele.last_reads(stack)
+    tele.phases.begin(phase, stack=stack.name, profile=profile.name)
     try:
         row = drive(config.loader, config.quiet, schedule, stack, profile, records, workdir)
     finally:
         tele.phases.end()
+    row.prefix_cache = tele.prefix_cache(stack, phase, before, row.completed).to_dict()
     run.add_summary(row)
     say(f"{stack.name} / {profile.name}: {row_outcome(row)}")
+    if turns := turns_outcome(row):
+        say(f"{stack.name} / {profile.name}: {turns}")
     return row
 
 
@@ -384,6 +496,22 @@ def row_outcome(row: SummaryRow) -> str:
     if not row.valid:
         text += f" INVALID: {'; '.join(row.invalid_reasons)}"
     return text
+
+
+def turns_outcome(row: SummaryRow) -> str:
+    """For a multi-turn profile, one line: TTFT p50 by turn and the prefix cache's hit rate
+    and prefilled tokens per request ("n/a" where the engines reported none); else empty."""
+    turns = [TurnStats.from_dict(t) for t in row.by_turn]
+    if not turns:
+        return ""
+    cache = PrefixCacheStats.from_dict(row.prefix_cache)
+    ttft = ", ".join(f"{t.turn}: {_fmt_ms(t.p50_ttft_ms)}" for t in turns)
+    rate = "n/a" if cache.hit_rate is None else f"{cache.hit_rate:.1%}"
+    prefilled = cache.prefilled_per_request
+    return (
+        f"TTFT p50 by turn (ms) {ttft}; prefix-cache hit rate {rate}, prefilled tokens per "
+        f"request {'n/a' if prefilled is None else f'{prefilled:.0f}'}"
+    )
 
 
 def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Telemetry) -> None:
@@ -603,6 +731,8 @@ def load_profiles(config: RunConfig) -> list[Profile]:
     each profile's own."""
     try:
         profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
+        if config.workload is not None:
+            profiles = [p.with_workload(config.workload) for p in profiles]
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return [p.with_slos(override_slos(p.slos, config.slos)) for p in profiles]
@@ -617,7 +747,8 @@ def run(config: RunConfig) -> int:
     profiles = load_profiles(config)
     check_external(config)
     capacities = capacity_preflight(profiles, config)
-    run = RunDir(config)
+    rule = choose_token_rule(config, profiles)
+    run = RunDir(config, rule=rule)
     if config.auth:
         run.credentials = make_credentials(profiles, run.path)
     run.meta.loader_nice = loader_nice()
@@ -626,6 +757,7 @@ def run(config: RunConfig) -> int:
         run.meta.profiles[profile.name] = {
             **profile.as_dict(),
             "capacity": capacities[profile.name].as_dict(),
+            **workload_stats(profile, rule),
         }
     run.save()
     status = 0
@@ -654,9 +786,20 @@ def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def _profile_name(item: str) -> str:
+    """A profile by name (``a``, ``a_latency``), or a profile TOML of the user's own by path
+    (it may ``extends`` a shipped one)."""
+    if item.endswith(".toml"):
+        path = Path(item).expanduser()
+        if not path.is_file():
+            raise ValueError(f"profile file {item!r} does not exist")
+        return str(path.resolve())
+    return resolve_name(item)
+
+
 def _profiles(text: str) -> tuple[str, ...]:
     try:
-        names = [resolve_name(item) for item in _csv(text)]
+        names = [_profile_name(item) for item in _csv(text)]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not names:
@@ -703,6 +846,20 @@ def _slo(text: str) -> Slo:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _workload(text: str) -> WorkloadChoice:
+    try:
+        return parse_workload_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _router(text: str) -> BaselineRouter:
+    try:
+        return parse_router(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     """What stands the stacks up and drives them: shared by ``run`` and ``sweep``."""
     parser.add_argument("--scale", choices=SCALES, default="laptop", help="load scale")
@@ -742,15 +899,20 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
     parser.add_argument(
         "--baseline-router",
-        choices=BASELINE_ROUTERS,
-        default="default",
-        help="Ray Serve LLM's request router (the baseline with --engine vllm)",
+        type=_router,
+        metavar="{" + ",".join(BASELINE_ROUTERS) + "}",
+        help="the baseline's request router: pow2 (power of two choices), consistent-hash (on "
+        "zl-session) or prefix-aware (Ray Serve LLM's, --engine vllm only); default: "
+        "consistent-hash for our orchestrator, pow2 (Serve's default) for Ray Serve LLM",
     )
     parser.add_argument(
         "--auth",
         action="store_true",
         help="production-like: the stacks authenticate tenants (a fresh key file in the run "
         "directory, one key per tenant of the profiles) and every loader sends each tenant's key",
+    )
+    parser.add_argument(
+        "--workload", type=_workload, metavar="SOURCE[:PATH]", help=WORKLOAD_OPTION_HELP
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines (CI logs)")
 
@@ -761,7 +923,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profiles",
         type=_profiles,
         default=",".join(PROFILES),
-        help=f"comma-separated, from {', '.join(PROFILES)} (or a,b,c,d)",
+        help=f"comma-separated, from {', '.join(PROFILES)} (or a-f), or profile TOML paths",
     )
     add_stack_arguments(parser)
 
@@ -789,6 +951,7 @@ def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfi
         slos=tuple(args.slo),
         quiet=args.quiet,
         auth=args.auth,
+        workload=args.workload,
     )
 
 

@@ -32,6 +32,7 @@ from bench.run import (
     add_stack_arguments,
     capacity_preflight,
     check_external,
+    choose_token_rule,
     config_from,
     drive,
     host_line,
@@ -41,6 +42,7 @@ from bench.run import (
     render,
     row_outcome,
     say,
+    schedule_for,
     stop_signals,
     warm,
 )
@@ -51,7 +53,6 @@ from harness.metrics import Slo
 from harness.profile import PROFILES, Profile, resolve_name
 from harness.schema import RunEnd, SummaryRow, SweepSection
 from harness.stacks import Stack, StackName, stand_up
-from harness.workload import build_schedule
 from zerolayer.cliargs import open_fraction, positive_float, positive_int
 
 GRID_STEP: Final = 1.5
@@ -160,9 +161,12 @@ class Sweeper:
         rows = []
         for repeat in range(self.profile.sweep_repeats):
             profile = self.profile.at_rate(rate, seed=self.base_seed + repeat)
-            schedule = build_schedule(profile, run_tag=f"r{repeat}")
+            schedule = schedule_for(
+                profile, self.run.rule, self.config.run.engine_options, run_tag=f"r{repeat}"
+            )
             records = schema.point_file(stack.name, profile.name, rate, repeat)
             phase = f"{stack.name}/{profile.name}@{rate:g}#{repeat}"
+            before = self.tele.last_reads(stack)
             self.tele.phases.begin(phase, stack=stack.name, profile=profile.name, rate=rate)
             try:
                 row = drive(
@@ -176,6 +180,8 @@ class Sweeper:
                 )
             finally:
                 self.tele.phases.end()
+            cache = self.tele.prefix_cache(stack, phase, before, row.completed)
+            row.prefix_cache = cache.to_dict()
             row.repeat, row.point, row.records_file = repeat, index, records
             rows.append(row)
             state.points.append(row)
@@ -361,7 +367,8 @@ def sweep(config: SweepConfig) -> int:
     check_external(config.run)
     capacity = capacity_preflight([profile], config.run)[profile.name]
     rates = _rates(config, profile, capacity)
-    run = RunDir(config.run, kind="sweep")
+    rule = choose_token_rule(config.run, [profile])
+    run = RunDir(config.run, kind="sweep", rule=rule)
     if config.run.auth:
         run.credentials = make_credentials([profile], run.path)
     run.meta.loader_nice = loader_nice()

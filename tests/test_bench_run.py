@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from bench import run as bench_run
 from harness import schema
 from harness.loaders import LoadResult
 from harness.metrics import summarize
-from harness.profile import load_profile
+from harness.profile import PROFILES, load_profile
 from harness.stacks import StackName, StackSpec, descendants
 from harness.telemetry import HostCpu
 
@@ -49,7 +50,7 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     assert meta["complete"] is True
     summary = orjson.loads((run / schema.SUMMARY).read_bytes())["rows"]
     pairs = {(row["stack"], row["profile"]) for row in summary}
-    profiles = ("a_latency", "b_high_concurrency", "c_mixed", "d_fault")
+    profiles = PROFILES
     assert pairs == {(s, p) for s in ("zerolayer", "baseline") for p in profiles}
     for row in summary:
         assert row["num_requests"] > 0, row["profile"]
@@ -198,3 +199,17 @@ def test_goodput_counts_only_the_requests_within_the_profiles_slos(tmp_path: Pat
     assert row.request_goodput == pytest.approx(0.75 * row.request_throughput)
     assert row.slo_met is False  # p99 TTFT lies past the bound
     assert not row.host_saturated
+
+
+def test_profiles_take_a_profile_file_of_the_users_own(tmp_path: Path) -> None:
+    """``--profiles`` accepts a TOML path beside the shipped names; it may extend one of them."""
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'extends = "a_latency"\nname = "mine"\n[scales.laptop]\nrate = 5.0\nduration_s = 4.0\n'
+    )
+    names = bench_run._profiles(f"a,{path}")
+    assert names == ("a_latency", str(path.resolve()))
+    profiles = bench_run.load_profiles(bench_run.RunConfig(profiles=names))
+    assert [(p.name, p.rate) for p in profiles] == [("a_latency", 3.0), ("mine", 5.0)]
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        bench_run._profiles(str(tmp_path / "none.toml"))
