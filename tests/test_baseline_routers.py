@@ -184,12 +184,12 @@ def test_bench_router_mistakes_are_one_line_exit_2_before_anything_starts(
     assert not any(tmp_path.iterdir()), "nothing is written for a mistake"
 
 
-def _complete(port: int, session: str) -> bytes:
+def _complete(port: int, session: str, prompt: str = "route me") -> bytes:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
     try:
-        body = orjson.dumps({"prompt": "route me", "max_tokens": 4, "stream": True})
+        body = orjson.dumps({"prompt": prompt, "max_tokens": 4, "stream": True})
         conn.request("POST", "/v1/completions", body=body, headers={SESSION: session})
         response = conn.getresponse()
         assert response.status == 200
@@ -220,13 +220,13 @@ def wait_for(done: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _engine_steps(stats_dir: Path) -> list[int]:
-    """Each engine replica's engine steps in its last published stats snapshot."""
-    steps = []
+def _engine_field(stats_dir: Path, key: str) -> list[int]:
+    """Each engine replica's ``key`` (an EngineStats field) in its last published snapshot."""
+    values = []
     for path in sorted(stats_dir.glob("engine-stats-*.jsonl")):
         lines = path.read_bytes().splitlines()
-        steps.append(orjson.loads(lines[-1])["steps"] if lines else 0)
-    return steps
+        values.append(orjson.loads(lines[-1])[key] if lines else 0)
+    return values
 
 
 def test_the_orchestrator_with_pow2_runs_serves_pow2_router(pow2_baseline: object) -> None:
@@ -250,9 +250,19 @@ def test_the_orchestrator_with_pow2_runs_serves_pow2_router(pow2_baseline: objec
         assert _complete(port, "one-session").endswith(b"data: [DONE]\n\n")
     stats_dir = Path(str(pow2_baseline.config.stats_dir))
     wait_for(
-        lambda: len(s := _engine_steps(stats_dir)) == 2 and all(s),
+        lambda: len(s := _engine_field(stats_dir, "steps")) == 2 and all(s),
         TIMEOUT_S,
         "both engine replicas publishing steps",
+    )
+    # The ingress forwards the prompt, so the engines' prefix cache works behind it: of three
+    # sends of one long prompt two reach the same replica, whose cache then holds its blocks.
+    prompt = "a prompt long enough to fill several KV blocks of the sim engine " * 8
+    for _ in range(3):
+        assert _complete(port, "cached", prompt).endswith(b"data: [DONE]\n\n")
+    wait_for(
+        lambda: sum(_engine_field(stats_dir, "prefix_cache_hits")) > 0,
+        TIMEOUT_S,
+        "a prefix-cache hit behind the orchestrator",
     )
     processes = pow2_baseline.ray_processes()
     pow2_baseline.close()

@@ -37,6 +37,7 @@ from harness.tokens import (
 from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+# The real tokenizer's tests are marked ``vllm``: they run in ``nox -s vllm``, where it is.
 needs_transformers = pytest.mark.skipif(
     not HAVE_TRANSFORMERS, reason="transformers is not installed (the vllm venv: nox -s vllm)"
 )
@@ -92,6 +93,7 @@ def test_a_tokenizer_without_transformers_says_what_to_install(tmp_path: Path) -
         token_rule("vllm", {"model": str(tmp_path)})
 
 
+@pytest.mark.vllm
 @needs_transformers
 def test_a_directory_without_a_tokenizer_is_a_mistake(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tokenizer does not load"):
@@ -216,6 +218,7 @@ def tiny_rule(tiny_model: Path) -> TokenizerRule:
     return rule
 
 
+@pytest.mark.vllm
 def test_vllm_over_a_model_directory_counts_with_its_tokenizer(
     tiny_model: Path, tiny_rule: TokenizerRule
 ) -> None:
@@ -226,6 +229,7 @@ def test_vllm_over_a_model_directory_counts_with_its_tokenizer(
     assert tiny_rule.count("") == 1
 
 
+@pytest.mark.vllm
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -240,6 +244,7 @@ def test_tokenizer_text_is_exactly_the_tokens_asked(
     assert tiny_rule.text(tokens, seed) == text
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("name", ["a_latency", "c_mixed"])
 def test_synthetic_prompts_keep_their_class_token_counts_under_a_tokenizer(
     tiny_rule: TokenizerRule, name: str
@@ -260,6 +265,7 @@ def test_synthetic_prompts_keep_their_class_token_counts_under_a_tokenizer(
     assert [r.prompt_tokens for r in requests] == [tiny_rule.count(r.prompt()) for r in requests]
 
 
+@pytest.mark.vllm
 def test_the_replica_charges_what_the_rule_counted(
     tiny_model: Path, tiny_rule: TokenizerRule
 ) -> None:

@@ -197,6 +197,7 @@ class Orchestrator:
         """Route and fetch the first item; retry replica failures (never after a first token)."""
         payload = {
             "request_id": request_id,
+            "prompt": body.prompt,  # as any orchestrator forwards it: the engine caches on it
             "prompt_tokens": body.prompt_tokens,
             "max_tokens": body.max_tokens,
             "seed": body.seed,
