@@ -50,7 +50,7 @@ from harness import curves, schema
 from harness.capacity import Capacity
 from harness.errors import UsageError
 from harness.metrics import Slo
-from harness.profile import PROFILES, Profile, resolve_name
+from harness.profile import PROFILES, Profile, WorkloadSource, resolve_name
 from harness.schema import RunEnd, SummaryRow, SweepSection
 from harness.stacks import Stack, StackName, stand_up
 from zerolayer.cliargs import open_fraction, positive_float, positive_int
@@ -360,6 +360,11 @@ def sweep(config: SweepConfig) -> int:
     profile = load_profiles(config.run)[0]
     if profile.fault is not None:
         raise UsageError(f"{profile.name} injects faults; sweep a load profile instead")
+    if profile.workload.source is WorkloadSource.TRACE:
+        raise UsageError(
+            "a trace replays at its own timing, so every rate would send the same requests; "
+            "run it with zl-bench run (trace:PATH@SCALE to speed it up or slow it down)"
+        )
     if config.point_duration_s is not None:
         profile = replace(profile, sweep_duration_s=config.point_duration_s)
     if config.repeats is not None:

@@ -496,3 +496,15 @@ def test_a_trace_prompt_has_its_length_and_shares_its_blocks(
     assert BYTES_RULE.count(a) == tokens and len(a) == 4 * tokens
     shared = min(tokens, other, len(ids) * MOONCAKE_BLOCK_TOKENS) * 4
     assert a[:shared] == b[:shared], "the same block ids give the same bytes"
+
+
+def test_a_trace_cannot_be_swept(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A trace keeps its own timing, so every rate of a sweep would replay the same requests:
+    refused in one line before anything starts, not swept into identical points."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["sweep", "--workload", f"trace:{MOONCAKE}", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zl-bench: error: ") and err.count("\n") == 1, err
+    assert "own timing" in err
+    assert not any(tmp_path.iterdir())
