@@ -108,7 +108,8 @@ def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, An
     weights, seed and CUDA graphs); returns (the model's profile entry, run metadata)."""
     import torch
 
-    from zerolayer.engine.torch_engine.kv_paged import PagedBlockManager, PagedKVPool
+    from zerolayer.engine.kv import KVBlockManager
+    from zerolayer.engine.torch_engine.kv_paged import PagedKVPool
     from zerolayer.engine.torch_engine.model import build_model, get_shape
     from zerolayer.engine.torch_engine.runner import ModelRunner
     from zerolayer.engine.torch_engine.step import SeqSlice
@@ -123,7 +124,7 @@ def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, An
     width = -(-longest // block)
     num_blocks = max(max(batches) * width, width)
     model = build_model(shape, longest, dev, dt, config.seed, config.weights_path)
-    manager = PagedBlockManager(num_blocks, block)
+    manager = KVBlockManager(num_blocks, block)
     pool = PagedKVPool(shape, num_blocks, block, dev, dt)
     runner = ModelRunner(model, pool, max(batches), width, config.cuda_graphs)
 

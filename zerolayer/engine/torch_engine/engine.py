@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
+from zerolayer.engine.kv import KVBlockManager
 from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
 from zerolayer.engine.torch_engine.kv_contiguous import ContiguousKVStore
-from zerolayer.engine.torch_engine.kv_paged import PagedBlockManager, PagedKVPool
+from zerolayer.engine.torch_engine.kv_paged import PagedKVPool
 from zerolayer.engine.torch_engine.model import build_model, get_shape
 from zerolayer.engine.torch_engine.prompt import prompt_token_ids
 from zerolayer.engine.torch_engine.runner import ModelRunner
@@ -103,7 +104,7 @@ class TorchEngine:
         )
         self.kv_bytes_per_token = self.shape.kv_bytes_per_token(dtype.itemsize)
         num_blocks = self._num_blocks(device)
-        self.kv = PagedBlockManager(num_blocks, config.block_size)
+        self.kv = KVBlockManager(num_blocks, config.block_size)
         store: PagedKVPool | ContiguousKVStore
         if config.kv_layout == "paged":
             store = PagedKVPool(self.shape, num_blocks, config.block_size, device, dtype)

@@ -16,16 +16,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from zerolayer.engine.kv import KVBlockManager
 from zerolayer.engine.torch_engine.model import LlamaShape
 from zerolayer.engine.torch_engine.step import SeqSlice
-
-
-class PagedBlockManager(KVBlockManager):
-    """KVBlockManager plus read access to a sequence's block table, which the pool needs."""
-
-    def block_table(self, seq_id: str) -> list[int]:
-        return list(self._tables.get(seq_id, ()))
 
 
 @dataclass(slots=True)
