@@ -26,6 +26,15 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def notebook(session: nox.Session) -> None:
+    """Redraw a run's figures in notebooks/reproduce.ipynb: ``nox -s notebook -- results/<run-id>``
+    (the newest run when none is given); the executed notebook and its HTML export are written
+    into the run directory. Arguments after ``--`` go to ``zl-bench notebook``."""
+    session.install("-e", ".")
+    session.run("zl-bench", "notebook", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def sweep(session: nox.Session) -> None:
     """One profile at a series of offered rates on both stacks: load curves, max goodput under
     the profile's SLOs, the knee. Arguments after ``--`` go to ``zl-bench sweep``."""

@@ -44,6 +44,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand("report", "bench.report.html", "re-render plots and report.html for a run"),
     Subcommand(
+        "notebook",
+        "bench.notebook",
+        "run notebooks/reproduce.ipynb against a run; the executed notebook and its HTML go "
+        "into the run directory",
+    ),
+    Subcommand(
         "compare",
         "bench.report.compare",
         "compare two runs (bootstrap CIs) or two sweeps (point by point and headline figures "
