@@ -76,12 +76,10 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, the import contracts (import-linter: the layers and no cycles) and mypy."""
+    """ruff, the import contracts (import-linter: the layers and no cycles) and mypy: the lint
+    tests alone (``tests/test_lint.py``; ``nox -s tests`` runs them too, so CI does)."""
     _install_dev(session)
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("lint-imports")
-    session.run("mypy")
+    session.run("pytest", "tests/test_lint.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -11,12 +11,14 @@ to the notebook the way papermill hands parameters: a cell injected after the on
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 from typing import Final
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from traitlets.config import Config
 
 from harness import schema
 from harness.errors import UsageError
@@ -27,6 +29,7 @@ EXECUTED: Final = "reproduce.ipynb"
 EXPORTED: Final = "reproduce.html"
 PARAMETERS_TAG: Final = "parameters"
 CELL_TIMEOUT_S: Final = 600
+KERNEL: Final = "python3"
 
 
 def is_run(path: Path) -> bool:
@@ -68,13 +71,18 @@ def with_parameters(nb: nbformat.NotebookNode, run_dir: Path) -> nbformat.Notebo
 def execute(run_dir: Path) -> nbformat.NotebookNode:
     """Run the notebook top to bottom in the repository root (where ``bench`` imports)."""
     nb = with_parameters(nbformat.read(NOTEBOOK, as_version=4), run_dir)
-    client = NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT)}},
-    )
-    client.execute()
+    # IPC sockets in a private temporary folder, not TCP ports: the kernel's channels stay this
+    # user's (and the kernel does not warn about unencrypted TCP in the notebook's output)
+    with tempfile.TemporaryDirectory(prefix="zl-kernel-") as sockets:
+        ipc = Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/kernel"}})
+        client = NotebookClient(  # it owns the kernel it starts, so it shuts it down too
+            nb,
+            config=ipc,
+            timeout=CELL_TIMEOUT_S,
+            kernel_name=KERNEL,
+            resources={"metadata": {"path": str(ROOT)}},
+        )
+        client.execute()
     return nb
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+import readme
 
 from bench import run as bench_run
 from harness import schema
@@ -34,9 +35,12 @@ def _run_dir(out: Path) -> Path:
 
 @pytest.mark.slow
 def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
+    """The README's short run (its ``nox -s bench -- ...`` line's arguments, so the two cannot
+    drift apart) into a temporary directory."""
+    bench_line = readme.commands(readme.NOTEBOOK_SECTION)[0]
     started = time.monotonic()
     proc = subprocess.run(
-        [*BENCH, "--scale", "smoke", "--out", str(tmp_path)],
+        [*BENCH, *readme.zl_bench_args(bench_line), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=SMOKE_LIMIT_S,

@@ -29,6 +29,8 @@ from harness.schema import SummaryRow
 STACK_COLORS = {"zerolayer": "#1f77b4", "baseline": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 NS = 1e9
+# The gid of the text a figure (or one of its panels) shows in place of data it does not have.
+NO_DATA: Final = "zl-no-data"
 
 
 def _figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
@@ -56,17 +58,30 @@ def _title(fig: Figure, run: RunData, what: str) -> None:
 
 
 def _empty(fig: Figure, message: str) -> Figure:
-    fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, wrap=True)
+    fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, wrap=True, gid=NO_DATA)
     return fig
 
 
 def _no_completions(ax: Axes, what: str) -> None:
     """Say, where the figures would be, that there are none (an outage completes nothing)."""
-    ax.text(
-        0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, fontsize=10, wrap=True
-    )
+    _note(ax, what)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def _note(ax: Axes, what: str) -> None:
+    """Say, in the middle of a panel, what it has no data for."""
+    ax.text(
+        0.5,
+        0.5,
+        what,
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize=10,
+        wrap=True,
+        gid=NO_DATA,
+    )
 
 
 def _per_record(recs: list[schema.RequestRecord], name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -227,14 +242,17 @@ def ttft_itl_timeline(run: RunData) -> Figure:
     if not run.records:
         return _empty(fig, "no request records in this run")
     ax_ttft, ax_itl = axes[:, 0]
+    shown = {ax_ttft: 0, ax_itl: 0}
     for (stack, profile), recs in sorted(run.records.items()):
         color = stack_color(run, stack)
         label = stack if profile == run.profiles[0] else None
         t, v = _per_record(recs, "ttft")
+        shown[ax_ttft] += v.size
         ax_ttft.scatter(
             (t - run.t0_ns) / NS, v, s=6, color=color, alpha=0.7, label=label, rasterized=True
         )
         t, v = _itl_points(recs)
+        shown[ax_itl] += v.size
         ax_itl.scatter(
             (t - run.t0_ns) / NS, v, s=2, color=color, alpha=0.3, label=label, rasterized=True
         )
@@ -248,7 +266,10 @@ def ttft_itl_timeline(run: RunData) -> Figure:
                 s=18,
                 label=f"{stack} {profile}: error/lost ({len(errors)})",
             )
+    missing = {ax_ttft: "no request got a first token", ax_itl: "no request streamed 2 chunks"}
     for ax, ylabel in ((ax_ttft, "TTFT (ms)"), (ax_itl, "ITL (ms, per chunk)")):
+        if not shown[ax]:
+            _note(ax, f"{missing[ax]}: no {ylabel.split()[0]} to show")
         _shade_phases(ax, run, label=ax is ax_itl)
         _mark_faults(ax, run, label=ax is ax_ttft)
         ax.set_ylabel(ylabel)
@@ -891,6 +912,28 @@ def plots_for(run: RunData) -> dict[str, Draw]:
     for profile in run.turn_profiles:
         chosen[f"{TTFT_BY_TURN}-{profile}"] = partial(ttft_by_turn, profile=profile)
     return chosen
+
+
+def data_notes(fig: Figure) -> list[str]:
+    """What a drawn figure says, in place of a plot, it has no data for (whole or per panel)."""
+    texts = [*fig.texts, *(text for ax in fig.axes for text in ax.texts)]
+    return [text.get_text() for text in texts if text.get_gid() == NO_DATA]
+
+
+def plots_absent(run: RunData) -> dict[str, str]:
+    """The report's figures that ``plots_for`` leaves out of this run, each with why."""
+    absent: dict[str, str] = {}
+    if run.sweep is None:
+        absent |= dict.fromkeys(SWEEP_PLOTS, NO_SWEEP)
+    elif not run.records:
+        reason = "a sweep keeps its requests per offered-rate point: the load curves carry them"
+        absent |= {name: reason for name in RUN_PLOTS if name not in TELEMETRY_PLOTS}
+    if not run.turn_profiles:
+        absent[f"{TTFT_BY_TURN}-<profile>"] = (
+            "no profile of this run has multi-turn sessions (workload sessions, sharegpt with "
+            "max_turns > 1, or a trace with session ids)"
+        )
+    return absent
 
 
 def render_all(run: RunData, out_dir: str | Path | None = None, dpi: int = 110) -> list[Path]:
