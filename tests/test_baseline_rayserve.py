@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
+import math
 import os
 import signal
 import threading
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import psutil
 import pytest
@@ -244,7 +247,7 @@ def test_stream_matches_the_zero_layer_replica(
     ("path", "body", "headers", "status", "code"),
     [
         ("/v1/completions", b"{not json", {}, 400, "bad_request"),
-        ("/v1/completions", {"prompt": "x", "colour": "red"}, {}, 400, "bad_request"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, {}, 400, "bad_request"),
         ("/v1/completions", {"prompt": "x"}, {"zl-priority": "urgent"}, 400, "bad_request"),
         ("/v1/completions", {"prompt": "x"}, {"zl-deadline-ms": "-5"}, 400, "bad_request"),
         (
@@ -315,6 +318,262 @@ def test_deadline_mid_stream_ends_with_an_error_event(port: int) -> None:
     assert reply.status == 200
     last = reply.events()[-1]
     assert last["error"]["code"] == "deadline_exceeded"
+
+
+# -- the real ``openai`` client, on both stacks -------------------------------------------------
+# These come before the fault-injection tests below: those kill Serve's replicas and the last one
+# shuts Ray down, and every test here needs both stacks up and healthy.
+
+STACKS = ("port", "zerolayer_port")  # the fixtures: the Ray Serve baseline, the zero-layer replica
+UNIFORM_LOGPROB = -math.log(4096)  # the sim draws every token uniformly over 4096 ids
+FINGERPRINT = "zerolayer-sim"
+SEED = 4321
+# vLLM's own fields go in ``extra_body`` (the client has no argument for them); the standard
+# sampling fields beside them. The sim records them: the text depends on the prompt and seed only.
+SAMPLING: dict[str, Any] = {
+    "logit_bias": {"17": -5},
+    "seed": SEED,
+    "top_p": 0.9,
+    "extra_body": {"min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2},
+}
+
+
+@pytest.fixture(params=STACKS, ids=("rayserve", "zerolayer"))
+def stack_port(request: pytest.FixtureRequest) -> int:
+    """One stack's port; both stacks are the module's, started once."""
+    return int(request.getfixturevalue(request.param))
+
+
+def openai_client(port: int) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="any", timeout=10, max_retries=0
+    )
+
+
+@pytest.fixture
+def client(stack_port: int) -> Iterator[openai.OpenAI]:
+    with openai_client(stack_port) as sync_client:
+        yield sync_client
+
+
+@pytest.fixture
+def model(client: openai.OpenAI) -> str:
+    """The model the stack lists (the baseline and the replica name the sim differently)."""
+    return client.models.list().data[0].id
+
+
+def stop_reason(choice: Any) -> Any:
+    """vLLM's ``stop_reason``, which the client keeps as an extra field of the choice."""
+    extra = choice.model_extra or {}
+    assert "stop_reason" in extra, "every choice carries stop_reason, as vLLM's do"
+    return extra["stop_reason"]
+
+
+def assert_final_usage(chunk: Any, prompt: str, max_tokens: int) -> None:
+    """The usage chunk of ``include_usage``: no choices, the totals, the fingerprint."""
+    assert chunk.choices == []
+    prompt_tokens = count_prompt_tokens(prompt)
+    assert chunk.usage.prompt_tokens == prompt_tokens
+    assert chunk.usage.completion_tokens == max_tokens  # the sim always runs to max_tokens
+    assert chunk.usage.total_tokens == prompt_tokens + max_tokens
+    assert chunk.system_fingerprint == FINGERPRINT
+
+
+def assert_completion_logprobs(text: str, parts: list[Any], max_tokens: int) -> None:
+    """vLLM's completions logprobs (one or more streamed parts, joined): one entry per output
+    token, offsets into the text, and the token plus its alternatives, 2 in all."""
+    tokens = [t for part in parts for t in part.tokens]
+    assert len(tokens) == max_tokens and "".join(tokens) == text
+    assert [t for part in parts for t in part.token_logprobs] == pytest.approx(
+        [UNIFORM_LOGPROB] * max_tokens
+    )
+    offsets = list(itertools.accumulate(map(len, tokens), initial=0))[:-1]
+    assert [o for part in parts for o in part.text_offset] == offsets
+    tops = [top for part in parts for top in part.top_logprobs]
+    assert [len(top) for top in tops] == [2] * max_tokens
+    assert all(token in top for token, top in zip(tokens, tops, strict=True))
+    assert all(v == pytest.approx(UNIFORM_LOGPROB) for top in tops for v in top.values())
+
+
+def assert_chat_logprobs(text: str, content: list[Any], max_tokens: int) -> None:
+    """vLLM's chat logprobs: one entry per output token with its UTF-8 bytes and 2 alternatives."""
+    assert len(content) == max_tokens and "".join(e.token for e in content) == text
+    for entry in content:
+        assert entry.logprob == pytest.approx(UNIFORM_LOGPROB)
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert all(t.logprob == pytest.approx(UNIFORM_LOGPROB) for t in entry.top_logprobs)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=("whole", "streamed"))
+def test_openai_client_completion_with_vllm_fields_and_logprobs(
+    client: openai.OpenAI, model: str, stream: bool
+) -> None:
+    prompt, max_tokens = "the openai client asks for a completion", 12
+    args: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    args |= {"logprobs": 2, **SAMPLING}
+    if stream:
+        chunks = list(
+            client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+        )
+        assert_final_usage(chunks[-1], prompt, max_tokens)
+        assert all(c.usage is None and c.system_fingerprint is None for c in chunks[:-1])
+        choices = [c.choices[0] for c in chunks[:-1]]
+        assert len(choices) > 1
+    else:
+        response = client.completions.create(**args)
+        assert response.system_fingerprint == FINGERPRINT and response.model == model
+        assert response.usage is not None
+        assert response.usage.completion_tokens == max_tokens
+        assert response.usage.prompt_tokens == count_prompt_tokens(prompt)
+        choices = response.choices
+        assert len(choices) == 1
+    text = "".join(c.text for c in choices)
+    assert text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert [c.finish_reason for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert all(stop_reason(c) is None for c in choices)
+    assert_completion_logprobs(text, [c.logprobs for c in choices if c.logprobs], max_tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=("whole", "streamed"))
+def test_openai_client_chat_with_vllm_fields_and_logprobs(
+    client: openai.OpenAI, model: str, stream: bool
+) -> None:
+    prompt, max_tokens = "the openai client asks for a chat answer", 10
+    args: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_completion_tokens": max_tokens,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **SAMPLING,
+    }
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, **args
+            )
+        )
+        assert_final_usage(chunks[-1], prompt, max_tokens)
+        assert all(c.usage is None and c.system_fingerprint is None for c in chunks[:-1])
+        choices = [c.choices[0] for c in chunks[:-1]]
+        assert len(choices) > 1 and choices[0].delta.role == "assistant"
+        text = "".join(c.delta.content or "" for c in choices)
+        content = [e for c in choices if c.logprobs for e in c.logprobs.content or []]
+    else:
+        response = client.chat.completions.create(**args)
+        assert response.system_fingerprint == FINGERPRINT and response.model == model
+        assert response.usage is not None
+        assert response.usage.completion_tokens == max_tokens
+        assert response.usage.prompt_tokens == count_prompt_tokens(prompt)
+        choices = response.choices
+        assert len(choices) == 1 and choices[0].message.role == "assistant"
+        text = choices[0].message.content or ""
+        assert choices[0].logprobs is not None
+        content = choices[0].logprobs.content or []
+    assert text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert [c.finish_reason for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert all(stop_reason(c) is None for c in choices)
+    assert_chat_logprobs(text, content, max_tokens)
+
+
+def test_async_openai_client_streams_chat_and_completes(stack_port: int) -> None:
+    chat_prompt, prompt, max_tokens = "async chat", "async completion", 8
+
+    async def run() -> tuple[str, list[Any], Any]:
+        async with openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{stack_port}/v1", api_key="any", timeout=10, max_retries=0
+        ) as client:
+            model = (await client.models.list()).data[0].id
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": chat_prompt}],
+                max_tokens=max_tokens,
+                seed=SEED,
+                stream=True,
+            )
+            chunks = [chunk async for chunk in stream]
+            completion = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=max_tokens, seed=SEED
+            )
+            return model, chunks, completion
+
+    model, chunks, completion = asyncio.run(run())
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == engine_text(chat_prompt, max_tokens, seed=SEED)[0]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].system_fingerprint == FINGERPRINT
+    (choice,) = completion.choices
+    assert choice.text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert choice.finish_reason == "length" and choice.logprobs is None
+    assert completion.usage.completion_tokens == max_tokens and completion.model == model
+
+
+def test_openai_client_same_seed_same_text_on_both_stacks(port: int, zerolayer_port: int) -> None:
+    messages = [{"role": "user", "content": "one seed, two stacks"}]
+
+    def answers(stack: int) -> list[str]:
+        with openai_client(stack) as client:
+            model = client.models.list().data[0].id
+            return [
+                client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=16, seed=seed
+                )
+                .choices[0]
+                .message.content
+                or ""
+                for seed in (SEED, SEED + 1)
+            ]
+
+    ours, theirs = answers(port), answers(zerolayer_port)
+    assert ours == theirs
+    assert ours[0] != ours[1], "the seed must matter, or this test proves nothing"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [("temperature", 3, "bad_request"), ("n", 2, "unsupported_parameter")],
+)
+def test_openai_client_raises_bad_request_with_code_and_param(
+    client: openai.OpenAI, model: str, field: str, value: Any, code: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "refused"}], **{field: value}
+        )
+    error = caught.value
+    assert error.status_code == 400
+    assert error.code == code and error.param == field and error.type == "BadRequestError"
+    assert isinstance(error.body, dict) and error.body["message"]
+
+
+def test_openai_client_continuous_usage_on_every_chunk(client: openai.OpenAI, model: str) -> None:
+    prompt, max_tokens = "running usage", 5
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert_final_usage(chunks[-1], prompt, max_tokens)
+    running = [c.usage.completion_tokens if c.usage else None for c in chunks[:-1]]
+    assert None not in running, f"chunks without usage: {running}"
+    assert running == sorted(running) and running[-1] == max_tokens
+
+
+def test_openai_client_unknown_field_is_ignored(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(
+        model=model,
+        prompt="an unknown field",
+        max_tokens=4,
+        seed=SEED,
+        extra_body={"not_a_vllm_field": 1},
+    )
+    assert response.choices[0].text == engine_text("an unknown field", 4, seed=SEED)[0]
+    assert response.choices[0].finish_reason == "length"
 
 
 def test_engine_replica_killed_before_first_token_is_retried_and_replaced(

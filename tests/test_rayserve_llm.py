@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from peer_tools import check_bench_result, listed_model, vllm_bench_serve
 
 from harness.stacks import Stack, StackName, StackSpec, stand_up
 
@@ -42,11 +43,16 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from zerolayer.engine.tinymodel import write_tiny_model
 
+    return write_tiny_model(tmp_path_factory.mktemp("llm-model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("llm")
-    model: Path = write_tiny_model(root / "tiny")
+    model = tiny_model
     spec = StackSpec(
         StackName.BASELINE,
         engine="vllm",
@@ -122,6 +128,13 @@ def test_streams_exactly_max_tokens_through_the_stacks_client(stack: Stack) -> N
         assert 1 <= len(done.timing.chunk_ns) <= 16
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_vllm_bench_serve_completes_every_request(stack: Stack, tiny_model: Path) -> None:
+    """vLLM's own benchmark client, a peer tool, finishes a short random run through Ray Serve
+    LLM (the baseline with the vllm engine)."""
+    url = stack.urls[0]
+    check_bench_result(vllm_bench_serve(url, listed_model(url), tiny_model))
 
 
 def test_metadata_records_the_router_and_settings(baseline: object) -> None:

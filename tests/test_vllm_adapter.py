@@ -63,12 +63,14 @@ class FakeAsyncLLMForTests:
                 self._report()
                 finished = i == sampling_params["max_tokens"] - 1
                 token = (sampling_params["seed"] * 31 + i) % 1000
+                top = sampling_params.get("logprobs")
                 yield SimpleNamespace(
                     outputs=[
                         SimpleNamespace(
                             token_ids=[token],
                             text=f" t{token}",
                             finish_reason="length" if finished else None,
+                            logprobs=None if top is None else [fake_position(token, i, top)],
                         )
                     ],
                     finished=finished,
@@ -86,6 +88,25 @@ class FakeAsyncLLMForTests:
 
     def shutdown(self) -> None:
         self.shut_down = True
+
+
+def fake_position(token: int, step: int, top: int) -> dict[int, SimpleNamespace]:
+    """One position of vLLM's sample logprobs: token id -> Logprob(logprob, rank,
+    decoded_token), the sampled token first. It ranks first on even steps and just outside the
+    top ``top`` on odd ones; the alternatives (ids from 1001, rank 2 not decoded) are inserted
+    from the last rank up, so only sorting by rank puts them in order."""
+    sampled_rank = 1 if step % 2 == 0 else top + 1
+    position = {
+        token: SimpleNamespace(
+            logprob=-0.5 * sampled_rank, rank=sampled_rank, decoded_token=f" t{token}"
+        )
+    }
+    for rank in range(top, 0, -1):
+        alternative = token if rank == sampled_rank else 1000 + rank
+        decoded = None if rank == 2 else f" a{rank}"
+        entry = SimpleNamespace(logprob=-0.5 * rank, rank=rank, decoded_token=decoded)
+        position.setdefault(alternative, entry)
+    return position
 
 
 def fake_engine(**options: Any) -> VllmEngine:
@@ -125,12 +146,13 @@ def test_requests_map_to_delta_sampling_params_and_chunks() -> None:
 def test_abort_ends_the_stream_and_tells_vllm() -> None:
     async def main() -> None:
         engine = fake_engine()
-        stream = engine.generate(EngineRequest("a", 5, 1000))
+        stream = engine.generate(EngineRequest("a", 5, 1000, logprobs=1))
         first = await anext(stream)
         assert engine.stats().running == 1
         engine.abort("a")
         rest = [c async for c in stream]
         assert rest[-1].finish_reason == "abort"
+        assert rest[-1].logprobs == [], "one entry per token: none"
         assert rest[-1].completion_tokens == first.completion_tokens + sum(
             len(c.token_ids) for c in rest
         )
@@ -226,6 +248,120 @@ def test_prompts_go_through_the_models_tokenizer() -> None:
     assert cpu_args["dtype"] == "bfloat16" and cpu_args["enforce_eager"] is True
     assert "kv_cache_memory_bytes" not in VllmEngineConfig(model="m").engine_args()
     assert "temperature" not in cpu_args
+
+
+def test_sampling_fields_go_through_to_sampling_params() -> None:
+    """Every sampling field reaches SamplingParams, over the engine's temperature and the
+    EOS-ignoring default; logit_bias keys become token ids as vLLM's server makes them."""
+    sampling = {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "min_p": 0.1,
+        "repetition_penalty": 1.2,
+        "logit_bias": {"5": -100, "7": 250.0},
+        "stop": ["."],
+        "stop_token_ids": [3],
+        "ignore_eos": False,
+        "min_tokens": 2,
+        "bad_words": ["no"],
+    }
+
+    async def main() -> None:
+        engine = fake_engine(temperature=0.0)
+        await collect(engine, EngineRequest("s", 5, 3, seed=4, sampling=sampling))
+        await collect(engine, EngineRequest("d", 5, 2, seed=6))
+        await engine.close()
+        asked, default = engine.llm.params
+        expected = {**sampling, "logit_bias": {5: -100, 7: 100.0}}
+        assert asked == {**expected, "max_tokens": 3, "seed": 4, "output_kind": DELTA}
+        assert default == {
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "max_tokens": 2,
+            "seed": 6,
+            "output_kind": DELTA,
+        }
+
+    asyncio.run(main())
+
+
+def test_random_sampling_runs_unseeded_on_the_cpu_build() -> None:
+    """vLLM's CPU build fails a step (and its engine core) when a seeded, randomly sampled
+    request's prefill is chunked; greedy requests, and every request off the CPU, keep the
+    seed."""
+    api = VllmApi(FakeAsyncLLMForTests, dict, dict, DELTA, None, on_cpu=True)
+    engine = VllmEngine(VllmEngineConfig(model="/models/none"), api=api)
+    random = EngineRequest("r", 5, 2, seed=3, sampling={"temperature": 0.7})
+    greedy = EngineRequest("g", 5, 2, seed=3, sampling={"temperature": 0.0})
+    assert engine.sampling_params(random)["seed"] is None
+    assert engine.sampling_params(greedy)["seed"] == 3
+    assert fake_engine().sampling_params(random)["seed"] == 3
+
+
+def test_logprobs_come_back_per_token_in_vllms_rank_order() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        chunks = await collect(engine, EngineRequest("l", 5, 4, seed=1, logprobs=2))
+        plain = await collect(engine, EngineRequest("p", 5, 2, seed=1))
+        await engine.close()
+        assert engine.llm.params[0]["logprobs"] == 2 and "logprobs" not in engine.llm.params[1]
+        assert all(c.logprobs is None for c in plain)
+        undecoded = detokenize([1002 % VOCAB_SIZE])  # rank 2 came without decoded_token
+        for step, chunk in enumerate(chunks):
+            (token,) = chunk.token_ids
+            assert chunk.logprobs is not None and len(chunk.logprobs) == 1
+            (entry,) = chunk.logprobs
+            first = (f" t{token}", -0.5) if step % 2 == 0 else (" a1", -0.5)
+            assert entry.token == f" t{token}"
+            assert entry.logprob == (-0.5 if step % 2 == 0 else -1.5)
+            assert entry.top == (first, (undecoded, -1.0)), step
+
+    asyncio.run(main())
+
+
+class FakeVLLMError(Exception):
+    """Stand-ins for vLLM 0.29's exception classes, which are not ValueErrors: the adapter
+    knows a client error by the ``VLLMClientError`` base."""
+
+
+FakeVLLMClientError = type("VLLMClientError", (FakeVLLMError,), {})
+FakeVLLMValidationError = type("VLLMValidationError", (FakeVLLMClientError,), {})
+
+
+def validating_sampling_params(**settings: Any) -> dict[str, Any]:
+    """SamplingParams' min_tokens check, raising as vLLM 0.29 does."""
+    if settings.get("min_tokens", 0) > settings["max_tokens"]:
+        raise FakeVLLMValidationError(
+            f"min_tokens must be less than or equal to max_tokens={settings['max_tokens']}, "
+            f"got {settings['min_tokens']}. (parameter=min_tokens, value={settings['min_tokens']})"
+        )
+    return settings
+
+
+def test_a_value_vllm_refuses_is_a_bad_request_before_any_output() -> None:
+    api = VllmApi(FakeAsyncLLMForTests, validating_sampling_params, dict, DELTA, None)
+    engine = VllmEngine(VllmEngineConfig(model="/models/none"), api=api)
+    request = EngineRequest("v", 5, 2, sampling={"min_tokens": 5})
+
+    async def main() -> None:
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.generate(request))
+        assert refused.value.code == "bad_request"
+        assert "min_tokens must be less than or equal to max_tokens=2" in str(refused.value)
+        assert not engine.llm.prompts and not engine._live, "vLLM never saw it"
+        chunks = await collect(engine, EngineRequest("v", 5, 2, sampling={"min_tokens": 2}))
+        assert chunks[-1].completion_tokens == 2, "the id is free again"
+        await engine.close()
+
+    asyncio.run(main())
+    too_long = FakeVLLMValidationError(
+        "The decoder prompt (length 600) is longer than the maximum model length of 512. "
+        "Make sure that `max_model_len` is no smaller than the number of text tokens."
+    )
+    assert map_error(too_long).code == "prompt_too_long"
+    assert map_error(FakeVLLMValidationError("top_p must be in (0, 1]")).code == "bad_request"
+    assert map_error(FakeVLLMError("engine step failed")).code == "engine_down"
 
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None

@@ -22,7 +22,7 @@ import pytest
 from server_client import H2Client, wait_all
 
 from harness.stacks import ReplicaProcess, descendants
-from zerolayer.engine import EngineRequest, make_engine
+from zerolayer.engine import EngineError, EngineRequest, make_engine
 from zerolayer.engine.vllm_engine import VllmEngine
 from zerolayer.scheduler import SchedulerConfig, decide
 from zerolayer.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
@@ -281,3 +281,71 @@ def test_zl_replica_serves_vllm_over_h2c_and_http1(
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
         replica.stop()
+
+
+def test_sampling_fields_and_logprobs_reach_vllm(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """vLLM's own sampling extensions and OpenAI's logit_bias go through to SamplingParams, and
+    each streamed token comes back with its logprob and the two most likely alternatives."""
+    sampling = {
+        "temperature": 0.0,
+        "repetition_penalty": 1.2,
+        "min_p": 0.1,
+        "logit_bias": {"5": -100},
+    }
+    req = request(engine, "sampled", PROMPT, 8)
+    req.sampling, req.logprobs = sampling, 2
+    chunks = on(loop, collect(engine, req))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 8
+    entries = [entry for c in chunks for entry in c.logprobs or []]
+    assert [len(c.logprobs or []) for c in chunks] == [len(c.token_ids) for c in chunks]
+    assert len(entries) == 8 and 5 not in [i for c in chunks for i in c.token_ids]
+    for entry in entries:
+        assert entry.logprob <= 0 and len(entry.top) == 2, entry
+        assert entry.top[0][1] >= entry.top[1][1], "most likely first"
+    # vLLM's decoded tokens: the streamed text, less the replacement characters it shows for
+    # a byte-level token that ends inside a UTF-8 character (the tiny model's noise has some)
+    text = "".join(c.text for c in chunks)
+    assert "".join(e.token for e in entries) == text.replace("\ufffd", "")
+
+
+def test_a_sampling_value_vllm_refuses_is_a_bad_request(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    req = request(engine, "refused", PROMPT, 4)
+    req.sampling = {"min_tokens": 10}
+    with pytest.raises(EngineError) as refused:
+        on(loop, collect(engine, req))
+    assert refused.value.code == "bad_request"
+    assert "min_tokens must be less than or equal to max_tokens=4" in str(refused.value)
+
+
+def test_a_stop_string_ends_the_stream_with_stop(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """The stop string is the text of a token greedy decoding produces, so vLLM stops there,
+    before ``max_tokens``, and leaves the string out of the text."""
+    greedy = on(loop, collect(engine, request(engine, "unstopped", PROMPT, 12)))
+    text = "".join(c.text for c in greedy)
+    stop = next(c.text for c in greedy[2:] if c.text.strip())
+    req = request(engine, "stopped", PROMPT, 12)
+    req.sampling = {"stop": [stop]}
+    chunks = on(loop, collect(engine, req))
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].completion_tokens < 12
+    assert "".join(c.text for c in chunks) == text[: text.index(stop)]
+
+
+def test_random_sampling_of_a_chunked_prefill_streams_to_the_end(
+    engine: VllmEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """A request's temperature reaches vLLM; on the CPU build a seeded, randomly sampled request
+    whose prefill is chunked would fail vLLM's step and its engine core with it, so the adapter
+    samples it unseeded. Last in the file, so that an engine core it killed fails no other
+    test."""
+    req = request(engine, "random", long_prompt(engine, 2 * STEP_TOKENS), 4)
+    req.sampling = {"temperature": 0.8, "top_p": 0.9}
+    assert req.prompt_tokens > STEP_TOKENS
+    chunks = on(loop, collect(engine, req))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 4

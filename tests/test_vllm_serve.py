@@ -3,6 +3,10 @@
 One server (one replica) on the offline tiny model serves every test here (a vLLM start takes
 about 30 s on two cores); the last test closes it and checks no process of its group is left.
 Where vLLM is not installed, everything here skips with the reason.
+
+Peer load generators (issue 17, ``tests/peer_tools.py``): vLLM's own ``vllm bench serve`` drives
+that server and a zero-layer replica (over the sim engine, started once for the module and stopped
+at its end) for a short run each; ``test_rayserve_llm.py`` drives the Ray Serve LLM baseline.
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from peer_tools import check_bench_result, listed_model, vllm_bench_serve
 
 from harness.stacks import Stack, StackName, StackSpec, VllmServer, stand_up
 
@@ -28,21 +35,62 @@ pytestmark = [
 
 MAX_TOKENS = 12
 OPTIONS = {"max_model_len": 512, "kv_cache_memory_bytes": 4 << 20, "max_num_seqs": 8}
+SIM_OPTIONS = {"max_num_seqs": 16}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The offline tiny model: vLLM serves it, and ``vllm bench serve`` tokenizes with it."""
     from zerolayer.engine.tinymodel import write_tiny_model
 
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Stack]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = tmp_path_factory.mktemp("vllm-serve")
-    model = write_tiny_model(root / "tiny")
     spec = StackSpec(
-        StackName.VLLM_SERVE, engine="vllm", engine_options={"model": str(model), **OPTIONS},
-        replicas=1,
+        StackName.VLLM_SERVE, engine="vllm",
+        engine_options={"model": str(tiny_model), **OPTIONS}, replicas=1,
     )  # fmt: skip
     with stand_up(spec, root / "stack") as up:
         yield up
+
+
+@pytest.fixture(scope="module")
+def zerolayer_url() -> Iterator[str]:
+    """A zero-layer replica over the sim engine, on its own event loop in a thread."""
+    from zerolayer.engine import make_engine
+    from zerolayer.server import start_replica
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> Any:
+        return await start_replica(make_engine("sim", **SIM_OPTIONS), port=0)
+
+    replica = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield f"http://127.0.0.1:{replica.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(replica.close(timeout=5), loop).result(30)
+        asyncio.run_coroutine_threadsafe(replica.engine.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def vllm_serve_url(stack: Stack) -> str:
+    return stack.urls[0]
+
+
+@pytest.fixture
+def bench_url(request: pytest.FixtureRequest) -> str:
+    """One stack's base URL; each stack is the module's, started once."""
+    return str(request.getfixturevalue(request.param))
 
 
 def test_stack_is_vllms_own_server_over_http1(stack: Stack) -> None:
@@ -78,6 +126,18 @@ def test_engine_targets_read_vllms_own_metrics(stack: Stack) -> None:
     row = target.read()
     assert {"running", "waiting", "kv_usage"} <= set(row)
     assert row["running"] == 0 and 0.0 <= row["kv_usage"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "bench_url",
+    ["zerolayer_url", "vllm_serve_url"],
+    ids=["zerolayer", "vllm-serve"],
+    indirect=True,
+)
+def test_vllm_bench_serve_completes_every_request(bench_url: str, tiny_model: Path) -> None:
+    """vLLM's own benchmark client, a peer tool, finishes a short random run on the stack (the
+    Ray Serve LLM baseline's run is in test_rayserve_llm.py, beside its one start)."""
+    check_bench_result(vllm_bench_serve(bench_url, listed_model(bench_url), tiny_model))
 
 
 def test_close_leaves_no_process(stack: Stack) -> None:

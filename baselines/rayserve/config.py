@@ -164,6 +164,7 @@ class BaselineConfig:
             "retry_backoff_s": self.retry_backoff_s,
             "max_body_bytes": self.max_body_bytes,
             "model": f"zl-{self.engine}",
+            "engine": self.engine,
             "router": self.router.value,
             "api_keys": self.key_grants(),
         }

@@ -50,6 +50,7 @@ class EngineReplica:
                     chunk.finish_reason,
                     chunk.prompt_tokens,
                     chunk.completion_tokens,
+                    chunk.logprobs,
                 )
         except EngineError as exc:
             yield ErrorItem(exc.code, str(exc))

@@ -46,9 +46,10 @@ from zerolayer.wire.contract import (
 from zerolayer.wire.openai import (
     CHAT,
     COMPLETIONS,
+    Answer,
     Body,
-    Framer,
     error_event,
+    fingerprint,
     models_body,
     parse_body,
     usage,
@@ -65,7 +66,7 @@ def error_response(exc: ContractError, request_id: str) -> Response:
     """The contract's error response: status, ``zl-error``, maybe ``retry-after-ms``, JSON."""
     pairs = error_headers(exc.error, request_id.encode(), exc.retry_after_ms)
     headers = {name.decode(): value.decode() for name, value in pairs}
-    return Response(error_body(exc.error, exc.message), exc.error.status, headers)
+    return Response(error_body(exc.error, exc.message, exc.param), exc.error.status, headers)
 
 
 def _authorization(request: Request) -> bytes | None:
@@ -88,13 +89,11 @@ class _Attempt:
 
 
 class _Outcome:
-    """What one response carried, for the non-streaming body and the log line."""
+    """How one response ended, for the non-streaming answer and the log line."""
 
-    __slots__ = ("failure", "finish", "text", "usage")
+    __slots__ = ("failure", "usage")
 
     def __init__(self) -> None:
-        self.text: list[str] = []
-        self.finish = "abort"
         self.usage: dict[str, int] = usage(0, 0)
         self.failure: ContractError | None = None
 
@@ -105,6 +104,7 @@ class Orchestrator:
     def __init__(self, engine: DeploymentHandle, settings: dict[str, Any]) -> None:
         self.engine = engine
         self.model: str = settings["model"]
+        self.fingerprint = fingerprint(settings["engine"])
         self.max_retries: int = settings["max_retries"]
         self.backoff_s: float = settings["retry_backoff_s"]
         self.max_body: int = settings["max_body_bytes"]
@@ -172,24 +172,19 @@ class Orchestrator:
         except BaseException:
             self.gate.release(time.monotonic() - slot_at)
             raise
-        framer = Framer(kind, request_id, body.model or self.model, body.include_usage)
+        model = body.model or self.model
+        answer = Answer(kind, request_id, model, body, self.fingerprint)
         outcome = _Outcome()
-        events = self._events(attempt, framer, outcome, meta, request_id, start, slot_at, deadline)
+        events = self._events(attempt, answer, outcome, meta, request_id, start, slot_at, deadline)
         headers = {REQUEST_ID: request_id, ATTEMPTS: str(attempt.attempts)}
         if body.stream:
             return StreamingResponse(
                 events, 200, {**SSE_HEADERS, **headers}, media_type="text/event-stream"
             )
-        async for _ in events:
-            pass
+        whole = b"".join([part async for part in events])
         if outcome.failure is not None:
             return error_response(outcome.failure, request_id)
-        return Response(
-            framer.body("".join(outcome.text), outcome.finish, outcome.usage),
-            200,
-            headers,
-            media_type="application/json",
-        )
+        return Response(whole, 200, headers, media_type="application/json")
 
     async def _open(
         self, body: Body, meta: RequestMeta, request_id: str, deadline: float
@@ -202,6 +197,8 @@ class Orchestrator:
             "max_tokens": body.max_tokens,
             "seed": body.seed,
             "priority": meta.priority,
+            "sampling": body.sampling,
+            "logprobs": body.logprobs,
         }
         handle = self.engine.options(stream=True, session_id=meta.session or request_id)
         last: BaseException | None = None
@@ -234,7 +231,7 @@ class Orchestrator:
     async def _events(
         self,
         attempt: _Attempt,
-        framer: Framer,
+        answer: Answer,
         outcome: _Outcome,
         meta: RequestMeta,
         request_id: str,
@@ -245,18 +242,15 @@ class Orchestrator:
         """The SSE events of one request; releases its FIFO slot and logs when it ends."""
         ttft = time.monotonic() - start
         item: ChunkItem | None = attempt.first
-        first = True
         try:
             while item is not None:
-                text, _, finish, prompt_tokens, completion_tokens = item
-                outcome.text.append(text)
-                outcome.usage = usage(prompt_tokens, completion_tokens)
-                if finish is not None:
-                    outcome.finish = finish
-                    yield framer.last_event(text, first, finish, outcome.usage)
+                text, _, finish, prompt_tokens, completion_tokens, logprobs = item
+                out = answer.step(text, finish, prompt_tokens, completion_tokens, logprobs)
+                outcome.usage = answer.usage
+                if out:
+                    yield out
+                if answer.done:  # the last chunk, or a stop string (the stream is cancelled)
                     return
-                yield framer.event(text, first)
-                first = False
                 item = await self._next(attempt, deadline, outcome)
             failure = outcome.failure
             if failure is not None:
@@ -267,7 +261,7 @@ class Orchestrator:
             failure = outcome.failure
             self._log(
                 request_id,
-                CHAT if framer.chat else COMPLETIONS,
+                CHAT if answer.framer.chat else COMPLETIONS,
                 meta,
                 200 if failure is None else failure.error.status,
                 "ok" if failure is None else failure.error.code,

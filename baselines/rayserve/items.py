@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from zerolayer.wire.openai import TokenLogprob
+
 
 class ChunkItem(NamedTuple):
     """One engine step's output for one request."""
@@ -18,6 +20,7 @@ class ChunkItem(NamedTuple):
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
 
 
 class ErrorItem(NamedTuple):

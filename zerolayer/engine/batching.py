@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from zerolayer.engine.kv import KVBlockManager, blocks_for
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from zerolayer.wire.openai import TokenLogprob
 
 
 class Sequence:
@@ -38,6 +39,7 @@ class Sequence:
         "error",
         "finish_reason",
         "id",
+        "logprobs",
         "max_tokens",
         "pending",
         "preempted",
@@ -51,6 +53,7 @@ class Sequence:
         self.id = request.request_id
         self.prompt_tokens = request.prompt_tokens
         self.max_tokens = request.max_tokens
+        self.logprobs = request.logprobs
         self.priority = request.priority
         self.arrival = arrival
         self.computed = 0
@@ -107,6 +110,7 @@ class ContinuousBatcher(Generic[S]):
         text: Callable[[list[int]], str],
         kick: Callable[[], None],
         on_release: Callable[[str], None] | None = None,
+        logprobs: Callable[[list[int], int], list[TokenLogprob]] | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -114,6 +118,7 @@ class ContinuousBatcher(Generic[S]):
         self.max_model_len = max_model_len
         self._new_seq = new_seq
         self._text = text
+        self._logprobs = logprobs
         self._kick = kick
         self._on_release = on_release
         self.running: list[S] = []
@@ -147,6 +152,8 @@ class ContinuousBatcher(Generic[S]):
             )
         if request.request_id in self.seqs:
             raise EngineError("bad_request", f"duplicate request id {request.request_id!r}")
+        if request.logprobs is not None and self._logprobs is None:
+            raise EngineError("unsupported_parameter", "this engine does not report logprobs")
         seq = self._new_seq(request, next(self._arrivals))
         seq.block_hashes = self.kv.prompt_hashes(request.prompt, request.prompt_tokens)
         self.seqs[seq.id] = seq
@@ -174,6 +181,7 @@ class ContinuousBatcher(Generic[S]):
                         finish_reason=reason,
                         prompt_tokens=seq.prompt_tokens,
                         completion_tokens=seq.emitted,
+                        logprobs=self._chunk_logprobs(seq, ids),
                     )
                     if reason is not None:
                         return
@@ -184,6 +192,11 @@ class ContinuousBatcher(Generic[S]):
         finally:
             if seq.finish_reason is None:
                 self.abort(seq.id)
+
+    def _chunk_logprobs(self, seq: S, ids: list[int]) -> list[TokenLogprob] | None:
+        if seq.logprobs is None or self._logprobs is None:
+            return None
+        return self._logprobs(ids, seq.logprobs)
 
     def abort(self, request_id: str) -> None:
         """End a live request with ``abort`` and free what it holds; unknown ids are ignored."""

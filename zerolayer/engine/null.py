@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from zerolayer.engine.tokens import detokenize, token_ids
+from zerolayer.engine.tokens import detokenize, token_ids, uniform_logprobs
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 
@@ -26,6 +26,7 @@ class NullEngine:
             finish_reason="length",
             prompt_tokens=request.prompt_tokens,
             completion_tokens=len(ids),
+            logprobs=None if request.logprobs is None else uniform_logprobs(ids, request.logprobs),
         )
 
     def abort(self, request_id: str) -> None:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
 from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
-from zerolayer.engine.tokens import detokenize, token_array
+from zerolayer.engine.tokens import detokenize, token_array, uniform_logprobs
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 H200_MEMORY_BYTES = 150_754_820_096
@@ -111,6 +111,7 @@ class SimEngine:
             max_model_len=self.config.max_model_len,
             new_seq=_SimSeq,
             text=detokenize,
+            logprobs=uniform_logprobs,
             kick=self._loop.kick,
         )
         self._actual_busy_s = 0.0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
+
+from zerolayer.wire.openai import TokenLogprob
 
 VOCAB_SIZE = 4096
 _SYLLABLES = (
@@ -56,3 +59,21 @@ def detokenize(ids: list[int]) -> str:
     """Text for token ids; a fixed vocabulary so byte counts are realistic but cheap."""
     vocab = VOCAB
     return "".join([vocab[i] for i in ids])
+
+
+# Every token of the stream is an independent uniform draw over the vocabulary, so this is the
+# exact log-probability of each one under the sim's own sampler; no alternative is likelier.
+UNIFORM_LOGPROB = -math.log(VOCAB_SIZE)
+
+
+def uniform_logprobs(ids: list[int], top: int) -> list[TokenLogprob]:
+    """Each token's logprob under the uniform draw, and ``top`` alternatives (all as likely:
+    the token itself first, then the ids after it)."""
+    return [
+        TokenLogprob(
+            VOCAB[i],
+            UNIFORM_LOGPROB,
+            tuple((VOCAB[(i + k) % VOCAB_SIZE], UNIFORM_LOGPROB) for k in range(top)),
+        )
+        for i in ids
+    ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from zerolayer.wire.contract import PRIORITY_NORMAL
+from zerolayer.wire.openai import TokenLogprob
 
 
 @dataclass(slots=True)
@@ -23,6 +24,11 @@ class EngineRequest:
     seed: int = 0
     priority: int = PRIORITY_NORMAL
     prompt: str = ""
+    # The body's sampling fields as vLLM's SamplingParams arguments (zerolayer.wire.fields):
+    # the vllm engine applies them; the others, whose tokens do not depend on them, record them.
+    sampling: dict[str, Any] = field(default_factory=dict)
+    # Log-probabilities of each output token and this many alternatives (None: not asked for).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -40,6 +46,8 @@ class TokenChunk:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # One entry per token in ``token_ids`` when the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

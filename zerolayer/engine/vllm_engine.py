@@ -6,8 +6,9 @@ On the CPU the adapter fills in what the CPU backend needs (see :data:`CPU_DEFAU
 model's tokenizer (the default), prompts are tokenized by it and the replica charges its count
 (``count_tokens``); with ``skip_tokenizer_init`` prompts become the suite's synthetic ids.
 Everything the adapter needs from vLLM goes through :class:`VllmApi`, loaded lazily, so the
-mapping (request -> ``SamplingParams`` with ``output_kind=DELTA``, ``RequestOutput`` deltas ->
-``TokenChunk``, ``abort``, ``SchedulerStats`` -> ``EngineStats``) is testable against a stand-in.
+mapping (request and its sampling fields -> ``SamplingParams`` with ``output_kind=DELTA``,
+``RequestOutput`` deltas and their logprobs -> ``TokenChunk``, ``abort``, ``SchedulerStats`` ->
+``EngineStats``) is testable against a stand-in.
 The load signal comes from a custom stat logger that vLLM calls with each ``SchedulerStats``
 (``num_running_reqs``, ``num_waiting_reqs``, ``kv_cache_usage``).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
 from zerolayer.engine.torch_engine.prompt import prompt_token_ids
 from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from zerolayer.wire.openai import TokenLogprob
 
 DEFAULT_VOCAB = 32_000
 DEFAULT_BLOCK_SIZE = 16
@@ -34,6 +37,8 @@ CPU_DEFAULTS: dict[str, Any] = {
     "enforce_eager": True,
     "kv_cache_memory_bytes": 256 * 2**20,
 }
+# Below this temperature vLLM samples greedily (``sampling_params._SAMPLING_EPS``).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -210,19 +215,58 @@ def load_vllm_api() -> VllmApi:
     )
 
 
+def is_client_error(exc: BaseException) -> bool:
+    """Whether vLLM blames the request: a ValueError, or one of vLLM's ``VLLMClientError``s
+    (in vLLM 0.29 ``VLLMValidationError``, raised for bad sampling values and over-long prompts,
+    is not a ValueError), found by class name so that nothing imports vLLM to ask."""
+    return isinstance(exc, ValueError) or any(
+        cls.__name__ == "VLLMClientError" for cls in type(exc).__mro__
+    )
+
+
 def map_error(exc: BaseException) -> EngineError:
     """vLLM's exceptions as the contract's error codes."""
     kind = type(exc).__name__
     message = str(exc) or kind
     if kind == "EngineDeadError":
         return EngineError("engine_down", message)
-    if isinstance(exc, ValueError):
+    if is_client_error(exc):
         lowered = message.lower()
         too_long = (
             "too long" in lowered or "maximum context" in lowered or "max_model_len" in lowered
         )
         return EngineError("prompt_too_long" if too_long else "bad_request", message)
     return EngineError("engine_down", f"{kind}: {message}")
+
+
+def token_id_biases(biases: dict[Any, float]) -> dict[int, float]:
+    """``logit_bias`` as ``SamplingParams`` takes it, converted as vLLM's
+    ``SamplingParams.from_optional`` converts the server's: JSON's string keys as token ids,
+    biases clamped to [-100, 100]."""
+    return {int(token): min(100.0, max(-100.0, bias)) for token, bias in biases.items()}
+
+
+def token_text(token_id: int, entry: Any) -> str:
+    """The token as vLLM decoded it; without a tokenizer, the suite's text for the id (as the
+    stream's text is with ``skip_tokenizer_init``)."""
+    decoded = entry.decoded_token
+    return decoded if decoded is not None else detokenize([token_id % VOCAB_SIZE])
+
+
+def token_logprob(token_id: int, position: dict[int, Any], top: int) -> TokenLogprob:
+    """One position of vLLM's sample logprobs (token id -> ``Logprob``: the sampled token and
+    the ``top`` most likely, which may include it) as the sampled token's logprob and the
+    ``top`` alternatives in vLLM's rank order (all of them for ``top=-1``, as vLLM reads it)."""
+    by_rank = sorted(
+        position.items(), key=lambda item: math.inf if item[1].rank is None else item[1].rank
+    )
+    alternatives = by_rank if top < 0 else by_rank[:top]
+    sampled = position[token_id]
+    return TokenLogprob(
+        token=token_text(token_id, sampled),
+        logprob=sampled.logprob,
+        top=tuple((token_text(i, entry), entry.logprob) for i, entry in alternatives),
+    )
 
 
 class _Live:
@@ -295,15 +339,36 @@ class VllmEngine:
         return prompt_token_ids(request, self.vocab_size)
 
     def sampling_params(self, request: EngineRequest) -> Any:
-        """Exactly ``max_tokens`` tokens (EOS ignored), seeded, streamed as deltas; greedy with
-        ``temperature=0``."""
-        return self.api.sampling_params(
-            max_tokens=request.max_tokens,
-            seed=request.seed,
-            ignore_eos=True,
-            temperature=self.config.temperature,
-            output_kind=self.api.delta,
-        )
+        """The request's sampling fields as vLLM's ``SamplingParams``, over the engine's
+        defaults (its ``temperature``; EOS ignored, so a request runs ``max_tokens`` unless it
+        says otherwise), with the request's seed and ``max_tokens``, streamed as deltas.
+
+        On the CPU build random sampling runs unseeded: vLLM gives a seeded request its own
+        torch generator and rewinds it when the request's prefill is chunked (a long prompt, or
+        a step shared with others), which a CPU generator cannot do ("CPU Generator does not
+        use offset"): the step fails and takes vLLM's engine core down with every request.
+
+        A value vLLM refuses is the client's mistake: ``bad_request``, before any output."""
+        settings: dict[str, Any] = {
+            "ignore_eos": True,
+            "temperature": self.config.temperature,
+            **request.sampling,
+            "max_tokens": request.max_tokens,
+            "seed": request.seed,
+            "output_kind": self.api.delta,
+        }
+        if self.api.on_cpu and settings["temperature"] >= GREEDY_TEMPERATURE:
+            settings["seed"] = None
+        if request.logprobs is not None:
+            settings["logprobs"] = request.logprobs
+        try:
+            if settings.get("logit_bias") is not None:
+                settings["logit_bias"] = token_id_biases(settings["logit_bias"])
+            return self.api.sampling_params(**settings)
+        except Exception as exc:
+            if not (isinstance(exc, TypeError) or is_client_error(exc)):
+                raise
+            raise EngineError("bad_request", str(exc)) from exc
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
         if self._closed:
@@ -311,9 +376,10 @@ class VllmEngine:
         rid = request.request_id
         if rid in self._live:
             raise EngineError("bad_request", f"duplicate request id {rid!r}")
-        live = self._live[rid] = _Live()
+        params = self.sampling_params(request)
         prompt = self.api.tokens_prompt(prompt_token_ids=self.prompt_ids(request))
-        stream = self.llm.generate(prompt, self.sampling_params(request), rid)
+        live = self._live[rid] = _Live()
+        stream = self.llm.generate(prompt, params, rid)
         emitted = 0
         done = False
         try:
@@ -355,6 +421,8 @@ class VllmEngine:
                 await stream.aclose()
 
     def _chunk(self, request: EngineRequest, out: Any, emitted: int) -> TokenChunk:
+        """One DELTA ``RequestOutput`` as a chunk. A stop string or stop token ends it with
+        vLLM's ``finish_reason`` ``stop``; which one (``stop_reason``) is not carried."""
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         if self.config.skip_tokenizer_init:
@@ -363,17 +431,26 @@ class VllmEngine:
             text = completion.text
         finish = completion.finish_reason if out.finished else None
         prompt_ids = getattr(out, "prompt_token_ids", None)
+        logprobs = None
+        if request.logprobs is not None:
+            positions = list(completion.logprobs or [])
+            logprobs = [
+                token_logprob(token_id, position, request.logprobs)
+                for token_id, position in zip(ids, positions, strict=True)
+            ]
         return TokenChunk(
             token_ids=ids,
             text=text,
             finish_reason=finish,
             prompt_tokens=len(prompt_ids) if prompt_ids else request.prompt_tokens,
             completion_tokens=emitted + len(ids),
+            logprobs=logprobs,
         )
 
     @staticmethod
     def _final(request: EngineRequest, emitted: int) -> TokenChunk:
-        return TokenChunk([], "", "abort", request.prompt_tokens, emitted)
+        logprobs: list[TokenLogprob] | None = [] if request.logprobs is not None else None
+        return TokenChunk([], "", "abort", request.prompt_tokens, emitted, logprobs)
 
     def abort(self, request_id: str) -> None:
         """End the stream with ``abort`` now and tell vLLM to free the request's KV."""

@@ -66,7 +66,7 @@ from zerolayer.wire.contract import (
     RequestMeta,
     error_headers,
 )
-from zerolayer.wire.openai import CHAT, COMPLETIONS, Body, Framer
+from zerolayer.wire.openai import CHAT, COMPLETIONS, Answer, Body
 
 log = logging.getLogger("zerolayer.server")
 
@@ -130,10 +130,10 @@ def _request_meta(fields: tuple[tuple[bytes, bytes], ...]) -> RequestMeta:
 class Call:
     """One generation request from its headers to its last byte."""
 
-    __slots__ = ("blocks", "body", "body_len", "completion_tokens", "deadline_at", "engine_id",
-                 "first", "framer", "id_headers", "kind", "launched", "max_body", "meta", "parts",
+    __slots__ = ("answer", "blocks", "body", "body_len", "completion_tokens", "deadline_at",
+                 "engine_id", "id_headers", "kind", "launched", "max_body", "meta", "parts",
                  "prompt_tokens", "queue_entry", "replica", "request_id", "sink", "start_ns",
-                 "started", "state", "task", "text", "timer")  # fmt: skip
+                 "started", "state", "task", "timer")  # fmt: skip
 
     def __init__(
         self,
@@ -156,14 +156,12 @@ class Call:
         self.max_body = max_body
         self.state: CallState = BODY
         self.parts: list[bytes] = []
-        self.text: list[str] = []
         self.body_len = 0
         self.body: Body | None = None
-        self.framer: Framer | None = None
+        self.answer: Answer | None = None
         self.prompt_tokens = meta.prompt_tokens or 0
         self.completion_tokens = 0
         self.blocks = 0
-        self.first = True
         self.started = False
         self.launched = False
         self.task: asyncio.Task[None] | None = None
@@ -195,8 +193,10 @@ class Call:
         try:
             body = openai.parse_body(self.kind, raw, meta)
         except ContractError as exc:
-            self.refuse(exc.error, exc.message)
+            self.refuse(exc.error, exc.message, param=exc.param)
             return
+        if body.ignored:
+            log.debug("ignored fields outside vLLM's schema: %s", ", ".join(body.ignored))
         if body.model and body.model not in replica.models:
             self.refuse(MODEL_NOT_FOUND, f"the model {body.model!r} is not served here")
             return
@@ -216,9 +216,8 @@ class Call:
             if decision.error is not None:
                 self.refuse(decision.error, decision.message, decision.retry_after_ms)
                 return
-        self.framer = Framer(
-            self.kind, self.request_id, body.model or replica.model, body.include_usage
-        )
+        model = body.model or replica.model
+        self.answer = Answer(self.kind, self.request_id, model, body, replica.fingerprint)
         replica.dispatch(self)
 
     # -- the engine run -----------------------------------------------------------------------
@@ -227,31 +226,35 @@ class Call:
         self.completion_tokens = chunk.completion_tokens
         if chunk.prompt_tokens:
             self.prompt_tokens = chunk.prompt_tokens
-        framer = self.framer
-        assert framer is not None and self.body is not None
-        finish = chunk.finish_reason
-        if finish == "abort":
+        answer = self.answer
+        assert answer is not None and self.body is not None
+        if chunk.finish_reason == "abort":
             self.fail(ENGINE_DOWN, "the engine aborted the request")
             return
+        out = answer.step(
+            chunk.text,
+            chunk.finish_reason,
+            self.prompt_tokens,
+            self.completion_tokens,
+            chunk.logprobs,
+        )
         if self.body.stream:
             if not self.started:
                 self.started = True
                 self.sink.start(200, [*SSE_HEADERS, *self.id_headers])
-            if finish is None:
-                self.sink.write(framer.event(chunk.text, self.first))
-                self.first = False
-            else:
-                usage = openai.usage(self.prompt_tokens, self.completion_tokens)
-                self.sink.end(framer.last_event(chunk.text, self.first, finish, usage))
-                self.finish(COMPLETED)
-        else:
-            self.text.append(chunk.text)
-            if finish is not None:
-                usage = openai.usage(self.prompt_tokens, self.completion_tokens)
-                body = framer.body("".join(self.text), finish, usage)
-                headers = [JSON, (b"content-length", str(len(body)).encode()), *self.id_headers]
-                self.sink.respond(200, headers, body)
-                self.finish(COMPLETED)
+            if not answer.done:
+                self.sink.write(out)
+                return
+            if chunk.finish_reason is None:  # a stop string ended it: the engine stops here
+                self.stop()
+            self.sink.end(out)
+            self.finish(COMPLETED)
+        elif answer.done:
+            if chunk.finish_reason is None:
+                self.stop()
+            headers = [JSON, (b"content-length", str(len(out)).encode()), *self.id_headers]
+            self.sink.respond(200, headers, out)
+            self.finish(COMPLETED)
 
     def fail(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
         """End the request with an error: a whole error response if nothing was sent yet, else
@@ -266,14 +269,20 @@ class Call:
         else:
             self.refuse(error, message, retry_after_ms)
 
-    def refuse(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
+    def refuse(
+        self,
+        error: ErrorCode,
+        message: str,
+        retry_after_ms: int | None = None,
+        param: str | None = None,
+    ) -> None:
         """Answer with an error before any output (the sink stops an unfinished upload)."""
         if self.state is DONE:
             return
         self.sink.respond(
             error.status,
             error_headers(error, self.request_id.encode(), retry_after_ms),
-            contract.error_body(error, message),
+            contract.error_body(error, message, param),
         )
         self.replica.refusals[error.code] += 1
         self.finish(ERROR, error.code)
@@ -379,6 +388,7 @@ class Replica:
         # Connections closed at once for being past limits.connection_cap() (server/connection.py).
         self.refused_connections = 0
         self._models_body = openai.models_body(self.model)
+        self.fingerprint = openai.fingerprint(engine.name)
         self.models = served_models(engine, self.model)
         self.block_size = engine.stats().block_size or 1
         # An engine with its own tokenizer counts prompt tokens itself (see TokenCounter);
@@ -579,6 +589,8 @@ class Replica:
             seed=body.seed,
             priority=call.meta.priority,
             prompt=body.prompt,
+            sampling=body.sampling,
+            logprobs=body.logprobs,
         )
         queue = self.queue
         try:

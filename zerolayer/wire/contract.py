@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Final
 
 import orjson
@@ -47,6 +48,19 @@ DEFAULT_DEADLINE_MS: Final = 60_000
 DEFAULT_MAX_TOKENS: Final = 16
 
 
+# The ``type`` of an error object by HTTP status: the names OpenAI's clients give these statuses
+# (vLLM's server answers a refused parameter as ``BadRequestError`` too).
+ERROR_TYPES: Final[Mapping[int, str]] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorCode:
     """A machine-readable error: its ``zl-error`` value, HTTP status, and whether retrying helps."""
@@ -55,11 +69,20 @@ class ErrorCode:
     status: int
     retryable: bool
 
+    @property
+    def kind(self) -> str:
+        """The error object's ``type``: OpenAI's name for the status."""
+        if self.status >= 500:
+            return "InternalServerError"
+        return ERROR_TYPES.get(self.status, HTTPStatus(self.status).phrase)
+
 
 KV_EXHAUSTED: Final = ErrorCode("kv_exhausted", 503, True)
 QUEUE_FULL: Final = ErrorCode("queue_full", 429, True)
 DEADLINE_EXCEEDED: Final = ErrorCode("deadline_exceeded", 504, False)
 BAD_REQUEST: Final = ErrorCode("bad_request", 400, False)
+# A field of vLLM's schema set to a value no engine here can honour (tools, n > 1, ...).
+UNSUPPORTED_PARAMETER: Final = ErrorCode("unsupported_parameter", 400, False)
 PROMPT_TOO_LONG: Final = ErrorCode("prompt_too_long", 400, False)
 PAYLOAD_TOO_LARGE: Final = ErrorCode("payload_too_large", 413, False)
 NOT_FOUND: Final = ErrorCode("not_found", 404, False)
@@ -92,6 +115,7 @@ ERRORS: Final[Mapping[str, ErrorCode]] = {
         QUEUE_FULL,
         DEADLINE_EXCEEDED,
         BAD_REQUEST,
+        UNSUPPORTED_PARAMETER,
         PROMPT_TOO_LONG,
         PAYLOAD_TOO_LARGE,
         NOT_FOUND,
@@ -115,10 +139,18 @@ ERRORS: Final[Mapping[str, ErrorCode]] = {
 class ContractError(ValueError):
     """A request that breaks the contract; carries the error code to answer with."""
 
-    def __init__(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        error: ErrorCode,
+        message: str,
+        param: str | None = None,
+        *,
+        retry_after_ms: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.error = error
         self.message = message
+        self.param = param
         self.retry_after_ms = retry_after_ms
 
 
@@ -216,9 +248,12 @@ def build_headers(
     return pairs
 
 
-def error_body(error: ErrorCode, message: str) -> bytes:
-    """The JSON body of an error response (OpenAI's shape, with our code)."""
-    return orjson.dumps({"error": {"code": error.code, "message": message, "type": error.code}})
+def error_body(error: ErrorCode, message: str, param: str | None = None) -> bytes:
+    """The JSON body of an error response: OpenAI's error object (``message``, ``type``,
+    ``param``, ``code``) with our machine-readable code."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error.kind, "param": param, "code": error.code}}
+    )
 
 
 def error_headers(
