@@ -596,7 +596,11 @@ def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
     runner.join(TIMEOUT_S * 3)
     assert len(replies) == 10
     assert [r.status for r in replies] == [200] * 10, [r.body[:200] for r in replies]
-    assert all(r.events()[-1] == "[DONE]" for r in replies)
+    for events in (r.events() for r in replies):
+        if events[-1] != "[DONE]":
+            # On a loaded machine a request may get its first token before the kill: that one is
+            # not retried (by design) and ends with the mid-stream error, after its text.
+            assert events[-1]["error"]["code"] == "engine_down" and len(events) > 1, events[-3:]
     retried = [int(r.headers["zl-attempts"]) for r in replies]
     assert max(retried) >= 2, f"no request was retried elsewhere: {retried}"
     after = wait_for(

@@ -72,7 +72,9 @@ def test_submit_completes_with_the_same_record_as_a_stream(spawn: Spawn) -> None
             streamed = await client.complete(prompt="tell me", max_tokens=12, seed=11)
         assert len(ends.calls) == 51  # each exactly once
         assert calls[0] == (first, 12)
-        assert first.output_tokens == 12 and len(first.chunk_ns) == len(streamed.timing.chunk_ns)
+        # one chunk per engine step that emitted, however a loaded loop merges the steps
+        assert first.output_tokens == streamed.timing.output_tokens == 12
+        assert 1 <= len(first.chunk_ns) <= 12 and 1 <= len(streamed.timing.chunk_ns) <= 12
         assert first.sent_ns <= first.headers_ns <= first.first_token_ns <= first.end_ns
         assert first.outcome == "completed" and first.status == 200 and first.retries == 0
         assert {id(t) for t, _ in calls[1:]} == {id(t) for t in timings}
