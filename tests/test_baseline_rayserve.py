@@ -23,6 +23,7 @@ import openai
 import orjson
 import psutil
 import pytest
+from replica_thread import replica_in_thread
 
 from baselines.rayserve import BaselineHandle, start_baseline
 from baselines.rayserve.config import TenantBudget
@@ -199,23 +200,8 @@ def test_chat_and_explicit_seed_match_the_engine(port: int) -> None:
 @pytest.fixture(scope="module")
 def zerolayer_port() -> Iterator[int]:
     """A zero-layer replica over the same engine options, on its own loop in a thread."""
-    server = pytest.importorskip("zerolayer.server")
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> Any:
-        return await server.start_replica(make_engine("sim", **ENGINE_OPTIONS), port=0)
-
-    replica = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    try:
-        yield replica.port
-    finally:
-        asyncio.run_coroutine_threadsafe(replica.close(timeout=5), loop).result(30)
-        asyncio.run_coroutine_threadsafe(replica.engine.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with replica_in_thread("sim", **ENGINE_OPTIONS) as replica_port:
+        yield replica_port
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 from peer_tools import check_bench_result, listed_model, vllm_bench_serve
+from replica_thread import replica_in_thread
 
 from harness.stacks import Stack, StackName, StackSpec, VllmServer, stand_up
 
@@ -61,25 +60,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterato
 @pytest.fixture(scope="module")
 def zerolayer_url() -> Iterator[str]:
     """A zero-layer replica over the sim engine, on its own event loop in a thread."""
-    from zerolayer.engine import make_engine
-    from zerolayer.server import start_replica
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> Any:
-        return await start_replica(make_engine("sim", **SIM_OPTIONS), port=0)
-
-    replica = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    try:
-        yield f"http://127.0.0.1:{replica.port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(replica.close(timeout=5), loop).result(30)
-        asyncio.run_coroutine_threadsafe(replica.engine.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with replica_in_thread("sim", **SIM_OPTIONS) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
