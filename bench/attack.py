@@ -14,7 +14,7 @@ import orjson
 from chaos.attacks.outcome import Outcome, mib
 from chaos.attacks.runner import DEFAULT_SECONDS, NAMES, run_suite, select
 from harness.errors import UsageError
-from zerolayer.cliargs import positive_float
+from serving.cliargs import positive_float
 
 ENGINES = ("null", "sim")
 

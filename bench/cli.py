@@ -71,13 +71,13 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand(
         "calibrate",
-        "zerolayer.engine.calibrate",
+        "bench.calibrate",
         "calibrate the sim engine's step model",
         value_errors_are_usage=True,
     ),
     Subcommand(
         "tiny-model",
-        "zerolayer.engine.tinymodel",
+        "bench.tinymodel",
         "write a tiny Llama model directory with a locally trained tokenizer (offline)",
         value_errors_are_usage=True,
     ),

@@ -18,9 +18,9 @@ import uvloop
 
 from harness.errors import UsageError
 from harness.profile import SCALES
-from zerolayer.cliargs import positive_int
-from zerolayer.engine import EngineRequest, SimConfig, SimEngine
-from zerolayer.engine.options import add_engine_option, validate_engine_options
+from serving.cliargs import positive_int
+from serving.engine import EngineRequest, SimConfig, SimEngine
+from serving.engine.options import add_engine_option, validate_engine_options
 
 PROMPT_TOKENS_1KB = 256
 

@@ -11,7 +11,7 @@ each cell's error relative to vLLM; the command exits 1 when any cell is off by 
 ``fidelity.md`` in ``--out``.
 
 Calibration: ``--calibration P`` uses a profile ``zl-bench calibrate --engine vllm`` wrote. Without
-one, the same measurement (``zerolayer.engine.calibrate_vllm.measure``) runs first, by default
+one, the same measurement (``bench.calibrate_vllm.measure``) runs first, by default
 through the vLLM replica itself (``--calibrate served``): on two shared cores the replica's front
 end, the loader and vLLM's engine core take turns on the CPUs, and a decode step as served took
 about 4 ms where ``vllm.LLM`` alone took about 2 ms, so an offline calibration makes the sim
@@ -46,6 +46,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import uvloop
 
+from bench.calibrate import DEFAULT_GRIDS, Grid, vllm_profile_name, write_profile
+from bench.calibrate_vllm import (
+    EngineLimits,
+    ModelFigures,
+    StepTimes,
+    check_fits,
+    measure,
+)
 from harness.errors import UsageError
 from harness.loaders import LOADERS
 from harness.profile import PROFILES, Profile, load_profile, resolve_name
@@ -59,15 +67,7 @@ from harness.tokens import (
     token_rule,
 )
 from harness.workload import PlannedRequest, build_schedule, make_prompt
-from zerolayer.engine.calibrate import DEFAULT_GRIDS, Grid, vllm_profile_name, write_profile
-from zerolayer.engine.calibrate_vllm import (
-    EngineLimits,
-    ModelFigures,
-    StepTimes,
-    check_fits,
-    measure,
-)
-from zerolayer.wire.tokens import BYTES_PER_TOKEN
+from serving.wire.tokens import BYTES_PER_TOKEN
 
 if TYPE_CHECKING:
     from harness.stacks import Stack
@@ -253,8 +253,8 @@ def plan(settings: Settings, rule: TokenRule, max_model_len: int) -> list[Planne
 
 def _offline_calibration(settings: Settings) -> Path:
     """``zl-bench calibrate --engine vllm``'s measurement (vllm.LLM alone), into ``--out``."""
-    from zerolayer.engine.calibrate_vllm import calibrate_vllm
-    from zerolayer.engine.vllm_engine import VllmEngineConfig
+    from bench.calibrate_vllm import calibrate_vllm
+    from serving.engine.vllm_engine import VllmEngineConfig
 
     path = settings.out / "calibration.json"
     _say(f"calibrating vLLM offline (vllm.LLM) into {path}")
@@ -290,7 +290,7 @@ def _file_limits(profile_path: Path) -> EngineLimits:
 
 def option_limits(options: Mapping[str, Any], num_gpu_blocks: int = 0) -> EngineLimits:
     """The limits the vLLM replica is started with (its engine options)."""
-    from zerolayer.engine.vllm_engine import VllmEngineConfig
+    from serving.engine.vllm_engine import VllmEngineConfig
 
     config = VllmEngineConfig(**options)
     if config.block_size is None or config.max_model_len is None:
@@ -347,7 +347,7 @@ async def _served_times(stack: Stack, grid: Grid, prompt: _PromptMaker) -> StepT
 
 def model_figures(model: Path, options: Mapping[str, Any]) -> ModelFigures:
     """Parameters and KV bytes from the model's ``config.json`` at the engine's dtype."""
-    from zerolayer.engine.vllm_engine import VllmEngineConfig, vllm_cpu_build
+    from serving.engine.vllm_engine import VllmEngineConfig, vllm_cpu_build
 
     config = json.loads((model / "config.json").read_text())
     dtype = VllmEngineConfig(**options).engine_args(vllm_cpu_build()).get("dtype")
@@ -558,7 +558,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
     if args.calibration is not None and not Path(args.calibration).is_file():
         raise UsageError(f"--calibration {args.calibration} is not a file")
-    from zerolayer.engine.options import validate_engine_options
+    from serving.engine.options import validate_engine_options
 
     try:
         options = validate_engine_options(

@@ -63,11 +63,11 @@ from harness.loaders.native import Sender, SendFn, client_sender, engine_sender,
 from harness.schema import RequestRecord
 from harness.stacks import Credentials, ReplicaProcess, StackName, StackSpec, stand_up
 from harness.workload import PlannedRequest
+from serving.auth import load_key_file, write_key_file
+from serving.engine import make_engine
+from serving.engine.options import add_engine_option, validate_engine_options
+from serving.wire.contract import RequestMeta
 from zerolayer.client import ZeroLayerClient, ZeroLayerError
-from zerolayer.engine import make_engine
-from zerolayer.engine.options import add_engine_option, validate_engine_options
-from zerolayer.server.auth import load_key_file, write_key_file
-from zerolayer.wire.contract import RequestMeta
 
 DEFAULT_RATES = {1: 200.0, 64: 500.0}
 DEADLINE_MS = 30_000

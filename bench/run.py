@@ -94,11 +94,11 @@ from harness.tokens import (
     token_rule,
 )
 from harness.workload import WorkloadSchedule, build_schedule
-from zerolayer.cliargs import positive_int
-from zerolayer.engine import ENGINES
-from zerolayer.engine.options import add_engine_option, validate_engine_options
-from zerolayer.server.auth import write_key_file
-from zerolayer.wire.contract import PRIORITIES
+from serving.auth import write_key_file
+from serving.cliargs import positive_int
+from serving.engine import ENGINES
+from serving.engine.options import add_engine_option, validate_engine_options
+from serving.wire.contract import PRIORITIES
 
 FAULT_PROFILE = "d_fault"
 LOADER_NICE = -5

@@ -53,7 +53,7 @@ from harness.metrics import Slo
 from harness.profile import PROFILES, Profile, WorkloadSource, resolve_name
 from harness.schema import RunEnd, SummaryRow, SweepSection
 from harness.stacks import Stack, StackName, stand_up
-from zerolayer.cliargs import open_fraction, positive_float, positive_int
+from serving.cliargs import open_fraction, positive_float, positive_int
 
 GRID_STEP: Final = 1.5
 MAX_POINTS: Final = 16

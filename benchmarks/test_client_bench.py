@@ -12,11 +12,11 @@ import itertools
 import orjson
 from hpack import Encoder
 
+from serving.wire.hpackenc import LiteralEncoder
 from zerolayer.client.ring import HashRing
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import Timing
 from zerolayer.client.wire import prepare
-from zerolayer.wire.hpackenc import LiteralEncoder
 
 PROMPT = "x" * 1024
 PREFIX = [

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from zerolayer.engine.types import EngineStats
+from serving.engine.types import EngineStats
+from serving.wire.contract import PRIORITY_NORMAL, parse_headers
 from zerolayer.scheduler import QueueState, SchedulerConfig, decide
-from zerolayer.wire.contract import PRIORITY_NORMAL, parse_headers
 
 
 def test_admission_decision_cost(benchmark) -> None:

@@ -18,13 +18,13 @@ import h2.events
 import uvloop
 from hpack import Decoder
 
+from serving.engine import make_engine
+from serving.wire.hpackdec import FastDecoder
+from serving.wire.hpackenc import LiteralEncoder
 from zerolayer.client.wire import prepare
-from zerolayer.engine import make_engine
 from zerolayer.server.core import Replica
 from zerolayer.server.h2proto import H2Handler
 from zerolayer.server.limits import Limits
-from zerolayer.wire.hpackdec import FastDecoder
-from zerolayer.wire.hpackenc import LiteralEncoder
 
 PREFIX = [
     (b":method", b"POST"),

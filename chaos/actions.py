@@ -339,8 +339,8 @@ async def _pressure(
     deadline_ms: int,
 ) -> dict[str, Any]:
     from harness.workload import make_prompt
+    from serving.wire.tokens import BYTES_PER_TOKEN
     from zerolayer.client import ZeroLayerError
-    from zerolayer.wire.tokens import BYTES_PER_TOKEN
 
     session = f"kv-pressure-{index}"
     tls_ca = Path(target.tls_ca) if target.tls_ca else None

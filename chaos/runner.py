@@ -43,8 +43,8 @@ from harness.stacks import (
     stand_up,
 )
 from harness.telemetry import PhaseLog
-from zerolayer.engine import ENGINES
-from zerolayer.engine.options import add_engine_option, validate_engine_options
+from serving.engine import ENGINES
+from serving.engine.options import add_engine_option, validate_engine_options
 
 EXPERIMENT_DIR: Final = Path(__file__).parent / "experiments"
 SETTINGS: Final = {"runtime": {"rollbacks": {"strategy": "always"}}}

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 from harness.profile import Profile
-from zerolayer.engine.sim import SimConfig
-from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
+from serving.engine.sim import SimConfig
+from serving.engine.stepmodel import StepTimeModel, load_profile, model_shape
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 from harness.metrics import LengthStats, length_stats
 from harness.profile import FILE_SOURCES, WorkloadSource, workload_path
 from harness.tokens import TokenRule
-from zerolayer.wire.contract import MAX_OUTPUT_TOKENS
+from serving.wire.contract import MAX_OUTPUT_TOKENS
 
 if TYPE_CHECKING:
     from harness.profile import Profile

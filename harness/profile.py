@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from harness.metrics import Slo, parse_slo
-from zerolayer.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
-from zerolayer.wire.tokens import BYTES_PER_TOKEN
+from serving.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
+from serving.wire.tokens import BYTES_PER_TOKEN
 
 PROFILE_DIR: Final = Path(__file__).parent / "profiles"
 PROFILES: Final = (

@@ -85,7 +85,7 @@ ROUTED: Final = frozenset({StackName.ZEROLAYER, StackName.VLLM_SERVE})
 
 @dataclass(frozen=True)
 class Credentials:
-    """A key file the stacks start with (``--api-keys``, ``zerolayer.server.auth``) and the key
+    """A key file the stacks start with (``--api-keys``, ``serving.auth``) and the key
     each tenant's requests carry (``keys``: tenant -> API key, the first one also the key of
     requests that name no tenant: warm-up, probes)."""
 
@@ -176,7 +176,7 @@ def openai_server_body(engine_options: Mapping[str, Any]) -> dict[str, Any]:
     """Body fields for a stack whose front is vLLM's OpenAI server code (``vllm-serve``, Ray
     Serve LLM) so it serves what the zero-layer replica's engine serves: exactly ``max_tokens``
     (``ignore_eos``), the engine's temperature, and usage in the stream's last event."""
-    from zerolayer.engine.vllm_engine import VllmEngineConfig
+    from serving.engine.vllm_engine import VllmEngineConfig
 
     return {
         "ignore_eos": True,
@@ -397,7 +397,7 @@ class VllmServer:
     (``python -m vllm.entrypoints.openai.api_server``) on a free loopback port, in its own
     process group (vLLM spawns an engine-core child), its output in ``log_path``.
 
-    The engine flags come from :func:`zerolayer.engine.vllm_engine.server_flags`, the same
+    The engine flags come from :func:`serving.engine.vllm_engine.server_flags`, the same
     settings (and CPU defaults) the zero-layer replica's in-process engine gets.
     """
 
@@ -408,7 +408,7 @@ class VllmServer:
         *,
         ready_timeout_s: float = VLLM_READY_TIMEOUT_S,
     ) -> None:
-        from zerolayer.engine.vllm_engine import server_flags
+        from serving.engine.vllm_engine import server_flags
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -2,7 +2,7 @@
 
 The replica charges a prompt what its engine counts: an engine with a tokenizer (vLLM over a
 model directory) counts with it, every other engine by the wire's rule of four UTF-8 bytes a token
-(``zerolayer.wire.tokens``). The schedule uses the same rule as the engine it is sent to, so the
+(``serving.wire.tokens``). The schedule uses the same rule as the engine it is sent to, so the
 ``zl-prompt-tokens`` a loader announces, the lengths a report shows and what the engine prefills
 agree. Every run records which rule it used (``TokenRule.name``).
 
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
 from harness.profile import Profile
-from zerolayer.engine.tokens import detokenize, token_ids
-from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
+from serving.engine.tokens import detokenize, token_ids
+from serving.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 
 @runtime_checkable

@@ -35,8 +35,8 @@ from harness.datasets import (
 from harness.metrics import length_stats
 from harness.profile import Profile, RequestClass, WorkloadSource, workload_path
 from harness.tokens import BYTES_RULE, TokenRule
-from zerolayer.engine.tokens import detokenize, token_ids
-from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
+from serving.engine.tokens import detokenize, token_ids
+from serving.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 
 def arrival_offsets(

@@ -166,7 +166,7 @@ async def replica_phase(out: Path, tel: Telemetry, rates: list[float], seconds: 
 
 
 async def layout_phase(out: Path, tel: Telemetry, layout: str, rate: float, seconds: float) -> dict:
-    from zerolayer.engine.torch_engine import TorchEngine, TorchEngineConfig
+    from serving.engine.torch_engine import TorchEngine, TorchEngineConfig
 
     engine = TorchEngine(
         TorchEngineConfig(
@@ -215,7 +215,7 @@ def main() -> int:
                 layout_phase(args.out, tel, layout, max(rates), args.seconds)
             )
         if time.monotonic() - started < args.budget_s - 60:
-            from zerolayer.engine.calibrate import add_arguments, run_command
+            from bench.calibrate import add_arguments, run_command
 
             calibrate = argparse.ArgumentParser(prog="calibrate")
             add_arguments(calibrate)

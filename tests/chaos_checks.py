@@ -15,7 +15,7 @@ from chaos.recovery import Recovery
 from harness.profile import Profile, load_profile
 from harness.schema import read_jsonl, read_requests, requests_file
 from harness.stacks import Credentials, Stack, StackName, StackSpec, stand_up
-from zerolayer.wire.contract import MAX_DEADLINE_MS
+from serving.wire.contract import MAX_DEADLINE_MS
 
 EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
 SCALE = "smoke"

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from zerolayer.engine import make_engine
+from serving.engine import make_engine
 from zerolayer.server import start_replica
 
 

@@ -29,7 +29,7 @@ from harness.telemetry import (
     Sampler,
 )
 from harness.workload import arrival_offsets
-from zerolayer.engine import EngineError, EngineRequest, SimConfig, SimEngine
+from serving.engine import EngineError, EngineRequest, SimConfig, SimEngine
 
 # a small KV cache so occupancy and waste move visibly at test scale
 ENGINE = {"model_shape": "llama-3.2-1b", "num_kv_blocks": 96}

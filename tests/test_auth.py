@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
 from harness.certs import self_signed
-from zerolayer.engine import SimConfig, SimEngine
-from zerolayer.server import cli, start_replica
-from zerolayer.server.auth import (
+from serving.auth import (
     Authenticator,
     Grant,
     certificate_tenant,
@@ -34,7 +32,8 @@ from zerolayer.server.auth import (
     read_key_file,
     write_key_file,
 )
-from zerolayer.wire.contract import (
+from serving.engine import SimConfig, SimEngine
+from serving.wire.contract import (
     PRIORITIES,
     PRIORITY_HIGH,
     PRIORITY_LOW,
@@ -42,6 +41,7 @@ from zerolayer.wire.contract import (
     ContractError,
     RequestMeta,
 )
+from zerolayer.server import cli, start_replica
 
 KEY_A = "key-of-tenant-a"
 KEY_B = "key-of-tenant-b"

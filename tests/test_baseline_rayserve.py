@@ -27,8 +27,8 @@ from replica_thread import replica_in_thread
 
 from baselines.rayserve import BaselineHandle, start_baseline
 from baselines.rayserve.config import TenantBudget
-from zerolayer.engine import EngineRequest, make_engine
-from zerolayer.wire.tokens import count_prompt_tokens, request_seed
+from serving.engine import EngineRequest, make_engine
+from serving.wire.tokens import count_prompt_tokens, request_seed
 
 ENGINE_OPTIONS: dict[str, Any] = {"max_num_seqs": 64}
 INFLIGHT = 16

@@ -37,7 +37,7 @@ from baselines.rayserve_llm.config import (
 from baselines.rayserve_llm.standup import check_session_header
 from bench import cli
 from harness.stacks import StackName, StackSpec, baseline_router, check_spec
-from zerolayer.wire.contract import SESSION
+from serving.wire.contract import SESSION
 
 TIMEOUT_S = 20.0
 

@@ -13,8 +13,8 @@ from baselines.rayserve.config import (
     BaselineConfig,
     BaselineRouter,
 )
-from zerolayer.wire.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
-from zerolayer.wire.tokens import request_seed
+from serving.wire.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
+from serving.wire.tokens import request_seed
 
 
 def test_bucket_charges_until_empty_then_says_when_to_retry() -> None:

@@ -18,10 +18,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from zerolayer.engine.batching import ContinuousBatcher, Sequence
-from zerolayer.engine.kv import KVBlockManager, blocks_for
-from zerolayer.engine.tokens import detokenize
-from zerolayer.engine.types import EngineError, EngineRequest
+from serving.engine.batching import ContinuousBatcher, Sequence
+from serving.engine.kv import KVBlockManager, blocks_for
+from serving.engine.tokens import detokenize
+from serving.engine.types import EngineError, EngineRequest
 
 
 class Recorded(Sequence):

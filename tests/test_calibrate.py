@@ -15,10 +15,10 @@ pytest.importorskip("torch", reason="the torch extra is not installed")
 
 import argparse
 
-from zerolayer.engine import EngineRequest, SimConfig, SimEngine
-from zerolayer.engine.calibrate import add_arguments, run_command
-from zerolayer.engine.stepmodel import load_profile, model_shape
-from zerolayer.engine.torch_engine.model import SHAPES
+from bench.calibrate import add_arguments, run_command
+from serving.engine import EngineRequest, SimConfig, SimEngine
+from serving.engine.stepmodel import load_profile, model_shape
+from serving.engine.torch_engine.model import SHAPES
 
 
 def main(argv: Sequence[str]) -> int:
@@ -100,7 +100,7 @@ def test_a_second_model_is_added_and_bad_input_is_refused(tmp_path: Path) -> Non
 
 
 def test_decode_step_is_the_difference_over_the_steps() -> None:
-    from zerolayer.engine.calibrate_vllm import decode_step_ms
+    from bench.calibrate_vllm import decode_step_ms
 
     assert decode_step_ms(0.050, 0.010, 16) == pytest.approx(2.5)
     assert decode_step_ms(0.010, 0.012, 16) == 0.0  # noise never makes a negative step
@@ -116,7 +116,7 @@ def test_decode_step_is_the_difference_over_the_steps() -> None:
 def test_smoothing_keeps_a_plane_and_pulls_an_outlier_back(
     fixed: float, per_seq: float, per_token: float
 ) -> None:
-    from zerolayer.engine.calibrate_vllm import smooth_decode
+    from bench.calibrate_vllm import smooth_decode
 
     def plane(b: int, c: int) -> float:
         return fixed + per_seq * b + per_token * b * c
@@ -132,7 +132,7 @@ def test_smoothing_keeps_a_plane_and_pulls_an_outlier_back(
 
 
 def test_smoothing_never_makes_a_step_cheaper_with_more_sequences() -> None:
-    from zerolayer.engine.calibrate_vllm import smooth_decode
+    from bench.calibrate_vllm import smooth_decode
 
     measured = {  # a served calibration on the shared 2-core machine, 16 x 3072 hit by a burst
         (1, 128): 3.212, (1, 1024): 2.867, (1, 3072): 3.287,
@@ -150,7 +150,7 @@ def test_smoothing_never_makes_a_step_cheaper_with_more_sequences() -> None:
 
 
 def test_a_grid_that_cannot_fix_the_plane_is_kept_as_measured() -> None:
-    from zerolayer.engine.calibrate_vllm import smooth_decode
+    from bench.calibrate_vllm import smooth_decode
 
     one_batch = {(1, 128): 2.0, (1, 1024): 2.5, (1, 3072): 1.0}
     assert smooth_decode(one_batch) == one_batch
@@ -180,7 +180,7 @@ def test_vllm_calibration_refuses_bad_input_before_starting_vllm(tmp_path: Path)
 
 
 def test_each_engine_has_its_own_default_grid() -> None:
-    from zerolayer.engine.calibrate import DEFAULT_GRIDS, grid_from_args
+    from bench.calibrate import DEFAULT_GRIDS, grid_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -22,9 +22,9 @@ import h2.events
 import pytest
 import uvloop
 
+from serving.wire import contract
 from zerolayer.client import Timing, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import STREAM_RESET
-from zerolayer.wire import contract
 
 BAD_REQUEST = contract.BAD_REQUEST.code
 SSE = b'data: {"choices": [{"text": " a"}]}\n\ndata: [DONE]\n\n'

@@ -9,7 +9,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 
-from zerolayer.wire.h2base import RESCAN_MARGIN, H2State
+from serving.wire.h2base import RESCAN_MARGIN, H2State
 
 REQUEST = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a"), (b":path", b"/")]
 

@@ -21,6 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.stacks import client_for
+from serving.engine import SimConfig, SimEngine
+from serving.wire import contract
 from zerolayer.client import Http1Client, Timing, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.stream import Response
 from zerolayer.client.wire import (
@@ -29,9 +31,7 @@ from zerolayer.client.wire import (
     SSEParser,
     prepare,
 )
-from zerolayer.engine import SimConfig, SimEngine
 from zerolayer.server import start_replica
-from zerolayer.wire import contract
 
 BAD_REQUEST = contract.BAD_REQUEST.code
 

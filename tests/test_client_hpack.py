@@ -13,8 +13,8 @@ from hpack.exceptions import HPACKDecodingError, InvalidTableSizeError, Oversize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.wire.hpackdec import FastDecoder
-from zerolayer.wire.hpackenc import LiteralEncoder
+from serving.wire.hpackdec import FastDecoder
+from serving.wire.hpackenc import LiteralEncoder
 
 _names = st.sampled_from(
     [b":method", b":path", b"content-type", b"zl-session", b"zl-tenant", b"x-long-" + b"n" * 150]

@@ -21,11 +21,11 @@ import uvloop
 
 from harness.certs import self_signed
 from harness.stacks import ReplicaProcess
+from serving.engine import NullEngine
+from serving.engine.types import EngineRequest
+from serving.wire.tokens import count_prompt_tokens, request_seed
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
-from zerolayer.engine import NullEngine
-from zerolayer.engine.types import EngineRequest
-from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 Spawn = Callable[..., ReplicaProcess]
 

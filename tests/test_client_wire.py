@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from serving.wire import contract
+from serving.wire.tokens import count_prompt_tokens
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import CONNECTION_LOST, STREAM_RESET, Timing
 from zerolayer.client.wire import CLIENT_BODY_FIELDS, RequestIssuer, SSEParser, prepare
-from zerolayer.wire import contract
-from zerolayer.wire.tokens import count_prompt_tokens
 
 
 def sse(obj: object) -> bytes:

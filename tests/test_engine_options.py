@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zerolayer.engine import ENGINES, make_engine
-from zerolayer.engine.options import parse_engine_option, validate_engine_options
-from zerolayer.engine.sim import SimConfig
+from serving.engine import ENGINES, make_engine
+from serving.engine.options import parse_engine_option, validate_engine_options
+from serving.engine.sim import SimConfig
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
 SCALARS = (

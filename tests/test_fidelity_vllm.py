@@ -28,7 +28,7 @@ from bench.fidelity_vllm import (
 )
 from harness.profile import load_profile
 from harness.workload import build_schedule
-from zerolayer.wire.tokens import count_prompt_tokens
+from serving.wire.tokens import count_prompt_tokens
 
 vllm_installed = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -135,7 +135,7 @@ TINY_GRID = ["--batches", "1,4", "--contexts", "128,512", "--prefill", "64,256,1
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("fidelity") / "tiny")
 
@@ -153,7 +153,7 @@ def calibration(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.mark.vllm
 @vllm_installed
 def test_calibrate_vllm_writes_a_profile_the_sim_loads(calibration: Path) -> None:
-    from zerolayer.engine import SimConfig, SimEngine
+    from serving.engine import SimConfig, SimEngine
 
     profile = json.loads(calibration.read_text())
     entry = profile["models"]["vllm-tiny"]

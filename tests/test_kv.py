@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager, blocks_for
+from serving.engine.kv import KVBlockManager, PrefixCachingKVBlockManager, blocks_for
 
 SEQ_IDS = st.sampled_from([f"s{i}" for i in range(6)])
 

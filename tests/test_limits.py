@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import NullEngine
+from serving.engine import NullEngine
 from zerolayer.server import start_replica
 from zerolayer.server.limits import DEFAULT_LIMITS, FD_HEADROOM, Limits, markdown_table
 

@@ -33,8 +33,8 @@ from harness.progress import LinesView, Phase, PhaseProgress
 from harness.schema import OUTCOMES, RequestRecord, read_requests
 from harness.stacks import StackName, StackSpec, client_for, stand_up
 from harness.workload import PlannedRequest, build_schedule
+from serving.engine import NullEngine, SimEngine
 from zerolayer.client import ZeroLayerClient
-from zerolayer.engine import NullEngine, SimEngine
 
 T = TypeVar("T")
 

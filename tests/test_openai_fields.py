@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zerolayer.engine.tokens import VOCAB, uniform_logprobs
-from zerolayer.wire import fields
-from zerolayer.wire.contract import (
+from serving.engine.tokens import VOCAB, uniform_logprobs
+from serving.wire import fields
+from serving.wire.contract import (
     BAD_REQUEST,
     UNSUPPORTED_PARAMETER,
     ContractError,
     error_body,
     parse_headers,
 )
-from zerolayer.wire.openai import (
+from serving.wire.openai import (
     CHAT,
     COMPLETIONS,
     Answer,

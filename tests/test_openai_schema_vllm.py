@@ -1,4 +1,4 @@
-"""The request-field table (``zerolayer.wire.fields``) against vLLM's own OpenAI request models.
+"""The request-field table (``serving.wire.fields``) against vLLM's own OpenAI request models.
 
 The table follows one vLLM version; these tests read the installed vLLM's ``CompletionRequest``
 and ``ChatCompletionRequest`` so that a vLLM that adds, drops or moves a field fails here, not
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from zerolayer.wire import fields
+from serving.wire import fields
 
 pytestmark = [
     pytest.mark.vllm,
@@ -68,7 +68,7 @@ def test_the_table_follows_the_installed_vllm_version() -> None:
 
     assert vllm.__version__ == fields.VLLM_VERSION, (
         f"vLLM is {vllm.__version__}, the field table follows {fields.VLLM_VERSION}: update "
-        "zerolayer/wire/fields.py (fields, checks, VLLM_VERSION) from the new request models"
+        "serving/wire/fields.py (fields, checks, VLLM_VERSION) from the new request models"
     )
 
 

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import EngineRequest, SimConfig, SimEngine
-from zerolayer.engine.batching import ContinuousBatcher, Sequence
-from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager, blocks_for
-from zerolayer.engine.prefix import prompt_block_hashes
-from zerolayer.engine.vllm_engine import LoadSignal
+from serving.engine import EngineRequest, SimConfig, SimEngine
+from serving.engine.batching import ContinuousBatcher, Sequence
+from serving.engine.kv import KVBlockManager, PrefixCachingKVBlockManager, blocks_for
+from serving.engine.prefix import prompt_block_hashes
+from serving.engine.vllm_engine import LoadSignal
+from serving.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 from zerolayer.server import start_replica
-from zerolayer.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 BLOCK = 2
 STEP = BLOCK * BYTES_PER_TOKEN
@@ -406,7 +406,7 @@ def test_caching_off_is_todays_engine_and_counts_nothing(
 
 
 def test_engine_option_turns_it_off() -> None:
-    from zerolayer.engine.options import parse_engine_option, validate_engine_options
+    from serving.engine.options import parse_engine_option, validate_engine_options
 
     key, value = parse_engine_option("enable_prefix_caching=false")
     assert validate_engine_options("sim", {key: value}) == {"enable_prefix_caching": False}

@@ -39,7 +39,7 @@ from harness.progress import (
 )
 from harness.schema import Outcome, RequestRecord
 from harness.workload import PlannedRequest, build_schedule
-from zerolayer.engine import NullEngine
+from serving.engine import NullEngine
 
 T = TypeVar("T")
 LINE = re.compile(

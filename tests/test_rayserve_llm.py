@@ -44,7 +44,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("llm-model") / "tiny")
 

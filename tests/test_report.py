@@ -64,12 +64,12 @@ def test_fragmentation_plot_draws_kv_series_from_telemetry(run_dir: Path) -> Non
     run = load_run(run_dir)
     fig = plots.gpu_fragmentation(run)
     labels = {ln.get_label() for ln in fig.axes[1].get_lines()}
-    assert {"zerolayer/engine0 KV occupancy", "baseline/engine0 KV waste"} <= labels
+    assert {"serving/engine0 KV occupancy", "baseline/engine0 KV waste"} <= labels
     peak = max(
         r["kv_usage"] for r in run.telemetry if r.get("stack") == "zerolayer" and "kv_usage" in r
     )
     line = next(
-        ln for ln in fig.axes[1].get_lines() if ln.get_label() == "zerolayer/engine0 KV occupancy"
+        ln for ln in fig.axes[1].get_lines() if ln.get_label() == "serving/engine0 KV occupancy"
     )
     assert np.nanmax(line.get_ydata()) == pytest.approx(100 * peak) and peak > 0
     assert "no NVML" in fig.axes[0].get_ylabel(), "the sim fallback says what it shows"

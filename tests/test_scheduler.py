@@ -5,17 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.types import EngineStats
-from zerolayer.scheduler import (
-    AdmissionQueue,
-    QueueState,
-    SchedulerConfig,
-    decide,
-    engine_has_room,
-    estimated_wait_ms,
-)
-from zerolayer.wire.contract import (
+from serving.engine import NullEngine, SimConfig, SimEngine
+from serving.engine.types import EngineStats
+from serving.wire.contract import (
     DEADLINE_EXCEEDED,
     KV_EXHAUSTED,
     PRIORITY_HIGH,
@@ -24,6 +16,14 @@ from zerolayer.wire.contract import (
     PROMPT_TOO_LONG,
     QUEUE_FULL,
     RequestMeta,
+)
+from zerolayer.scheduler import (
+    AdmissionQueue,
+    QueueState,
+    SchedulerConfig,
+    decide,
+    engine_has_room,
+    estimated_wait_ms,
 )
 
 CONFIG = SchedulerConfig(max_model_len=4096, token_budget=1024, max_queue=(8, 4, 2))

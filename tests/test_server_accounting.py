@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
+from serving.engine import SimConfig, SimEngine
+from serving.wire.tokens import count_prompt_tokens
 from zerolayer import accounting as accounting_module
 from zerolayer.accounting import Accounting, FsyncPolicy, TenantTotals, read_jsonl
-from zerolayer.engine import SimConfig, SimEngine
 from zerolayer.server import start_replica
 from zerolayer.server.cli import parser
-from zerolayer.wire.tokens import count_prompt_tokens
 
 
 def test_ring_flushes_to_jsonl_and_counts_drops(tmp_path: Path) -> None:

@@ -24,13 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import NullEngine
-from zerolayer.engine.types import EngineRequest, EngineStats, TokenChunk
+from serving.engine import NullEngine
+from serving.engine.types import EngineRequest, EngineStats, TokenChunk
+from serving.wire.contract import MAX_OUTPUT_TOKENS
 from zerolayer.server import start_replica
 from zerolayer.server.core import Replica
 from zerolayer.server.h2proto import H2Handler, H2Stream
 from zerolayer.server.limits import Limits
-from zerolayer.wire.contract import MAX_OUTPUT_TOKENS
 
 CANCEL = 8
 NO_ERROR = 0

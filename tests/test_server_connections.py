@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from server_client import run
 
 from harness.certs import self_signed
-from zerolayer.engine import NullEngine
-from zerolayer.engine.types import EngineRequest, TokenChunk
+from serving.auth import Authenticator, Grant, key_digest
+from serving.engine import NullEngine
+from serving.engine.types import EngineRequest, TokenChunk
+from serving.wire.contract import PRIORITIES
 from zerolayer.server import ReplicaHandle, start_replica
-from zerolayer.server.auth import Authenticator, Grant, key_digest
 from zerolayer.server.limits import Limits
-from zerolayer.wire.contract import PRIORITIES
 
 WAIT_S = 5.0  # the most any test waits for one event; a pass takes a fraction of it
 TICK_S = 0.02

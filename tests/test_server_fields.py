@@ -9,11 +9,11 @@ import orjson
 import pytest
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import SimConfig, SimEngine
-from zerolayer.engine.tokens import VOCAB, token_ids
-from zerolayer.engine.torch_engine import TorchEngine, TorchEngineConfig
+from serving.engine import SimConfig, SimEngine
+from serving.engine.tokens import VOCAB, token_ids
+from serving.engine.torch_engine import TorchEngine, TorchEngineConfig
+from serving.wire.tokens import request_seed
 from zerolayer.server import start_replica
-from zerolayer.wire.tokens import request_seed
 
 SMALL = {"model_shape": "llama-3.2-1b"}
 PROMPT = "stop me early"

@@ -8,12 +8,12 @@ import orjson
 import pytest
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.tokens import detokenize, token_ids
+from serving.engine import NullEngine, SimConfig, SimEngine
+from serving.engine.tokens import detokenize, token_ids
+from serving.wire.tokens import count_prompt_tokens, request_seed
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server import start_replica
 from zerolayer.server.limits import Limits
-from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
 NO_ERROR = 0
 CANCEL = 8

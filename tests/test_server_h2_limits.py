@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_client import run
 
-from zerolayer.engine import NullEngine, SimConfig, SimEngine
+from serving.engine import NullEngine, SimConfig, SimEngine
 from zerolayer.server import start_replica
 from zerolayer.server.limits import Limits
 

@@ -12,10 +12,10 @@ import pytest
 from server_client import H2Client, run, wait_all
 
 from harness.certs import self_signed
-from zerolayer.engine import NullEngine, SimConfig, SimEngine
-from zerolayer.engine.tokens import detokenize, token_ids
+from serving.engine import NullEngine, SimConfig, SimEngine
+from serving.engine.tokens import detokenize, token_ids
+from serving.wire.tokens import request_seed
 from zerolayer.server import start_replica
-from zerolayer.wire.tokens import request_seed
 
 SMALL = {"model_shape": "llama-3.2-1b"}
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from zerolayer.wire.contract import BAD_REQUEST, ContractError, parse_headers
-from zerolayer.wire.openai import CHAT, COMPLETIONS, Framer, parse_body, usage
-from zerolayer.wire.tokens import count_prompt_tokens, request_seed
+from serving.wire.contract import BAD_REQUEST, ContractError, parse_headers
+from serving.wire.openai import CHAT, COMPLETIONS, Framer, parse_body, usage
+from serving.wire.tokens import count_prompt_tokens, request_seed
 
 NO_HEADERS = parse_headers([])
 

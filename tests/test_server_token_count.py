@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 from server_client import H2Client, run, wait_all
 
-from zerolayer.engine import EngineRequest, SimConfig, SimEngine, TokenChunk
-from zerolayer.engine.types import TokenCounter
+from serving.engine import EngineRequest, SimConfig, SimEngine, TokenChunk
+from serving.engine.types import TokenCounter
+from serving.wire.tokens import count_prompt_tokens
 from zerolayer.server import start_replica
-from zerolayer.wire.tokens import count_prompt_tokens
 
 
 class WordCountingSim(SimEngine):

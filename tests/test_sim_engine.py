@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.engine import (
+from serving.engine import (
     EngineError,
     EngineRequest,
     NullEngine,
@@ -17,7 +17,7 @@ from zerolayer.engine import (
     SimEngine,
     make_engine,
 )
-from zerolayer.engine.tokens import token_ids
+from serving.engine.tokens import token_ids
 
 SMALL = {"model_shape": "llama-3.2-1b"}
 

@@ -32,8 +32,8 @@ from harness.stacks import (
     wait_listening,
 )
 from harness.workload import PlannedRequest
+from serving.engine.vllm_engine import CPU_DEFAULTS, server_flags
 from zerolayer.client import Http1Client, ZeroLayerClient
-from zerolayer.engine.vllm_engine import CPU_DEFAULTS, server_flags
 
 
 def _complete(stack: Stack, n: int = 8) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerolayer.engine.stepmodel import MODEL_SHAPES, StepTimeModel, load_profile, model_shape
+from serving.engine.stepmodel import MODEL_SHAPES, StepTimeModel, load_profile, model_shape
 
 PROFILE = load_profile()
 

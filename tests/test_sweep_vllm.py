@@ -30,7 +30,7 @@ RATES = (1.0, 2.0)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("sweep-vllm") / "tiny")
 

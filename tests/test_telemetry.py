@@ -32,7 +32,7 @@ from harness.telemetry import (
     parse_prometheus,
 )
 from harness.telemetry.engine import stats_row
-from zerolayer.engine import EngineRequest, EngineStats, SimConfig, SimEngine
+from serving.engine import EngineRequest, EngineStats, SimConfig, SimEngine
 
 
 def _nvml_present() -> bool:
@@ -277,7 +277,7 @@ def test_nvml_reads_memory_v2_and_utilisation(tmp_path: Path) -> None:
 def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:
     """A Serve engine replica publishes its stats; the sampler reads the newest snapshot."""
     from baselines.rayserve.engine_replica import publish_stats
-    from zerolayer.engine import EngineRequest, SimConfig, SimEngine
+    from serving.engine import EngineRequest, SimConfig, SimEngine
 
     engine = SimEngine(SimConfig(model_shape="llama-3.2-1b", num_kv_blocks=64))
     path = tmp_path / "engine-stats-1.jsonl"

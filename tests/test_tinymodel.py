@@ -20,9 +20,9 @@ safetensors_numpy = pytest.importorskip(
 )
 
 from bench.cli import main as zl_bench  # noqa: E402
+from bench.tinymodel import TinyModelSpec, write_tiny_model  # noqa: E402
 from harness.profile import load_profile  # noqa: E402
 from harness.workload import build_schedule  # noqa: E402
-from zerolayer.engine.tinymodel import TinyModelSpec, write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from harness.tokens import (
     target_tokens,
     token_rule,
 )
-from zerolayer.wire.tokens import BYTES_PER_TOKEN
+from serving.wire.tokens import BYTES_PER_TOKEN
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # The real tokenizer's tests are marked ``vllm``: they run in ``nox -s vllm``, where it is.
@@ -206,7 +206,7 @@ def test_a_tokenizer_that_does_not_load_stops_the_run_before_it_starts(tmp_path:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not HAVE_TRANSFORMERS:
         pytest.skip("transformers is not installed (the vllm venv: nox -s vllm)")
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tokens") / "tiny")
 
@@ -275,7 +275,7 @@ def test_the_replica_charges_what_the_rule_counted(
     from server_client import H2Client, wait_all
     from test_vllm_adapter import DELTA, FakeAsyncLLMForTests
 
-    from zerolayer.engine.vllm_engine import VllmApi, VllmEngine, VllmEngineConfig
+    from serving.engine.vllm_engine import VllmApi, VllmEngine, VllmEngineConfig
     from zerolayer.server import start_replica
 
     class EngineCoreWithTokenizer(FakeAsyncLLMForTests):

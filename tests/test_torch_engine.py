@@ -14,11 +14,11 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
 from torch.nn import functional as F  # noqa: E402
 
-from zerolayer.engine import EngineError, EngineRequest, make_engine  # noqa: E402
-from zerolayer.engine.tokens import VOCAB_SIZE, detokenize  # noqa: E402
-from zerolayer.engine.torch_engine import TorchEngine, TorchEngineConfig  # noqa: E402
-from zerolayer.engine.torch_engine.model import SHAPES, build_model  # noqa: E402
-from zerolayer.engine.torch_engine.prompt import prompt_token_ids  # noqa: E402
+from serving.engine import EngineError, EngineRequest, make_engine  # noqa: E402
+from serving.engine.tokens import VOCAB_SIZE, detokenize  # noqa: E402
+from serving.engine.torch_engine import TorchEngine, TorchEngineConfig  # noqa: E402
+from serving.engine.torch_engine.model import SHAPES, build_model  # noqa: E402
+from serving.engine.torch_engine.prompt import prompt_token_ids  # noqa: E402
 
 TINY = {"model_shape": "tiny", "device": "cpu"}
 
@@ -221,15 +221,13 @@ def test_safetensors_weights_load_and_tie_the_lm_head(tmp_path: Path) -> None:
 
 
 def test_importing_zerolayer_does_not_import_torch() -> None:
-    code = (
-        "import sys, zerolayer.engine, zerolayer.engine.vllm_engine; print('torch' in sys.modules)"
-    )
+    code = "import sys, serving.engine, serving.engine.vllm_engine; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_real_shapes_match_the_shared_profile() -> None:
-    from zerolayer.engine.stepmodel import load_profile
+    from serving.engine.stepmodel import load_profile
 
     models = load_profile()["models"]
     for name in ("llama-3.2-1b", "llama-3.1-8b"):
@@ -241,8 +239,8 @@ def test_real_shapes_match_the_shared_profile() -> None:
 def test_replica_streams_the_torch_engines_tokens_over_h2c() -> None:
     """``zl-replica --engine torch`` (tiny, CPU) streams over h2c exactly what the engine yields."""
     from harness.stacks import ReplicaProcess
+    from serving.wire.tokens import count_prompt_tokens, request_seed
     from zerolayer.client import ZeroLayerClient
-    from zerolayer.wire.tokens import count_prompt_tokens, request_seed
 
     prompt = "tell me about paging"
     options = ["--engine-option", "model_shape=tiny", "--engine-option", "device=cpu",

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from zerolayer.engine import EngineError, EngineRequest, make_engine
-from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
-from zerolayer.engine.vllm_engine import VllmApi, VllmEngine, VllmEngineConfig, map_error
+from serving.engine import EngineError, EngineRequest, make_engine
+from serving.engine.tokens import VOCAB_SIZE, detokenize
+from serving.engine.vllm_engine import VllmApi, VllmEngine, VllmEngineConfig, map_error
 
 DELTA = "DELTA"
 

@@ -22,11 +22,11 @@ import pytest
 from server_client import H2Client, wait_all
 
 from harness.stacks import ReplicaProcess, descendants
-from zerolayer.engine import EngineError, EngineRequest, make_engine
-from zerolayer.engine.vllm_engine import VllmEngine
+from serving.engine import EngineError, EngineRequest, make_engine
+from serving.engine.vllm_engine import VllmEngine
+from serving.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
+from serving.wire.tokens import count_prompt_tokens
 from zerolayer.scheduler import SchedulerConfig, decide
-from zerolayer.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
-from zerolayer.wire.tokens import count_prompt_tokens
 
 pytestmark = [
     pytest.mark.vllm,
@@ -46,7 +46,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny")
 

@@ -40,7 +40,7 @@ SIM_OPTIONS = {"max_num_seqs": 16}
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline tiny model: vLLM serves it, and ``vllm bench serve`` tokenizes with it."""
-    from zerolayer.engine.tinymodel import write_tiny_model
+    from bench.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
 

@@ -13,7 +13,7 @@ import pytest
 from harness.metrics import override_slos, parse_slo_option
 from harness.profile import PROFILES, SCALES, load_profile, resolve_name
 from harness.workload import arrival_offsets, build_schedule, check_prompt, make_prompt
-from zerolayer.wire.tokens import count_prompt_tokens
+from serving.wire.tokens import count_prompt_tokens
 
 
 @pytest.mark.parametrize("name", PROFILES)

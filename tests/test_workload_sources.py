@@ -46,7 +46,7 @@ from harness.workload import (
     describe_schedule,
     sim_reply,
 )
-from zerolayer.engine.tokens import detokenize, token_ids
+from serving.engine.tokens import detokenize, token_ids
 
 ROOT = Path(__file__).parents[1]
 DATA = ROOT / "harness" / "data"

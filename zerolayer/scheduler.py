@@ -26,9 +26,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
-from zerolayer.engine.kv import blocks_for
-from zerolayer.engine.types import EngineStats
-from zerolayer.wire.contract import (
+from serving.engine.kinds import ENGINE_KINDS
+from serving.engine.kv import blocks_for
+from serving.engine.types import EngineStats
+from serving.wire.contract import (
     DEADLINE_EXCEEDED,
     KV_EXHAUSTED,
     PRIORITY_HIGH,
@@ -66,7 +67,8 @@ class SchedulerConfig:
     def for_engine(cls, engine: Any, **overrides: Any) -> SchedulerConfig:
         """Defaults that fit an engine: KV admission off for ``null``, limits from its config."""
         values: dict[str, Any] = {}
-        if getattr(engine, "name", "") == "null":
+        kind = ENGINE_KINDS.get(getattr(engine, "name", ""))
+        if kind is not None and not kind.has_kv_cache:
             values["kv_watermarks"] = None
         config = getattr(engine, "config", None)
         for name, attr in (

@@ -15,10 +15,10 @@ import threading
 
 from baselines.rayserve.config import BASELINE_ROUTERS, BaselineRouter, orchestrator_router
 from baselines.rayserve.standup import start_baseline
-from zerolayer.cliargs import Parser, fail, port, positive_int, readable_file
-from zerolayer.engine import ENGINES
-from zerolayer.engine.options import add_engine_option, validate_engine_options
-from zerolayer.server.auth import read_key_file
+from serving.auth import read_key_file
+from serving.cliargs import Parser, fail, port, positive_int, readable_file
+from serving.engine import ENGINES
+from serving.engine.options import add_engine_option, validate_engine_options
 
 PROG = "zl-baseline"
 DESCRIPTION = (

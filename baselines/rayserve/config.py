@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from zerolayer.engine import SimConfig
-from zerolayer.engine.options import validate_engine_options
-from zerolayer.server.auth import read_key_file
+from serving.auth import read_key_file
+from serving.engine import SimConfig
+from serving.engine.options import validate_engine_options
 
 CONSISTENT_HASH_ROUTER: Final = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 POW2_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
@@ -98,7 +98,7 @@ class BaselineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     stats_dir: str | None = None
-    # A key file (zerolayer.server.auth): the ingress then authenticates every /v1 request and
+    # A key file (serving.auth): the ingress then authenticates every /v1 request and
     # keys the tenant budgets by the authenticated tenant; None trusts zl-tenant as sent.
     api_keys: str | None = None
 

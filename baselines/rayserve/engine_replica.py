@@ -16,7 +16,7 @@ import orjson
 from ray import serve
 
 from baselines.rayserve.items import ChunkItem, EngineItem, ErrorItem
-from zerolayer.engine import EngineError, EngineRequest, EngineStats, make_engine
+from serving.engine import EngineError, EngineRequest, EngineStats, make_engine
 
 STATS_PREFIX = "engine-stats-"
 

@@ -1,7 +1,7 @@
 """The orchestrator ingress deployment: the per-request work of a production middle layer.
 
 Per request: authenticate the tenant when given a key file (the same file and checks as the
-zero-layer replica's ``--api-keys``, ``zerolayer.server.auth``), parse and validate the header
+zero-layer replica's ``--api-keys``, ``serving.auth``), parse and validate the header
 contract and the OpenAI body, charge the (authenticated) tenant's token budget, wait in a bounded
 FIFO, route to an engine replica by ``zl-session`` (Serve's router picks the replica), retry
 before the first token with jittered backoff, stream SSE back, and write one log line.
@@ -26,8 +26,8 @@ from starlette.responses import Response, StreamingResponse
 
 from baselines.rayserve.admission import FifoGate, TokenBuckets
 from baselines.rayserve.items import ChunkItem, ErrorItem
-from zerolayer.server.auth import Authenticator, Grant
-from zerolayer.wire.contract import (
+from serving.auth import Authenticator, Grant
+from serving.wire.contract import (
     DEADLINE_EXCEEDED,
     ENGINE_DOWN,
     ERRORS,
@@ -43,7 +43,7 @@ from zerolayer.wire.contract import (
     error_headers,
     parse_headers,
 )
-from zerolayer.wire.openai import (
+from serving.wire.openai import (
     CHAT,
     COMPLETIONS,
     Answer,

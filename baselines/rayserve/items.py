@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from zerolayer.wire.openai import TokenLogprob
+from serving.wire.openai import TokenLogprob
 
 
 class ChunkItem(NamedTuple):

@@ -21,8 +21,8 @@ from baselines.rayserve.config import (
     BaselineRouter,
     parse_router,
 )
-from zerolayer.engine.vllm_engine import VllmEngineConfig
-from zerolayer.wire.contract import SESSION
+from serving.engine.vllm_engine import VllmEngineConfig
+from serving.wire.contract import SESSION
 
 APP_NAME: Final = "zl-llm-baseline"
 PREFIX_AWARE_ROUTER: Final = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"

@@ -36,7 +36,7 @@ from baselines.rayserve_llm.config import (
     LlmBaselineConfig,
     llm_constants,
 )
-from zerolayer.wire.contract import SESSION
+from serving.wire.contract import SESSION
 
 LLM_SERVER_PREFIX = "LLMServer"
 INGRESS_PREFIX = "OpenAiIngress"

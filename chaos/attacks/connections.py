@@ -18,7 +18,7 @@ import orjson
 from chaos.attacks.context import Context, completion
 from chaos.attacks.h2raw import HostileH2
 from chaos.attacks.outcome import Observed
-from zerolayer.wire import contract
+from serving.wire import contract
 
 PIPELINED_MAX: Final = 250_000
 """Past the issue's 212k pipelined ``GET /metrics``."""

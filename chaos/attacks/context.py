@@ -12,7 +12,7 @@ import orjson
 
 from chaos.attacks.h2raw import Header
 from chaos.attacks.target import Target
-from zerolayer.wire import contract
+from serving.wire import contract
 
 LONG_DEADLINE: Final = (contract.DEADLINE_MS.encode(), str(contract.MAX_DEADLINE_MS).encode())
 """The longest deadline a request may ask for (an hour): what an attacker asks, so that nothing

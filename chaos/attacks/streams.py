@@ -14,7 +14,7 @@ import h2.settings
 from chaos.attacks.context import LONG_DEADLINE, Context, completion, contract_header
 from chaos.attacks.h2raw import Header, HostileH2, request_headers
 from chaos.attacks.outcome import Observed
-from zerolayer.wire import contract
+from serving.wire import contract
 
 LONG_COMPLETIONS: Final = 200
 """The issue's 200 requests of 65,536 tokens for a client that reads nothing."""

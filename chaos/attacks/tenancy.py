@@ -14,7 +14,7 @@ from chaos.attacks.context import Context, Setup, completion, contract_header
 from chaos.attacks.h2raw import Header, HostileH2, request_headers
 from chaos.attacks.outcome import Observed
 from chaos.attacks.target import replica_flags
-from zerolayer.wire import contract
+from serving.wire import contract
 
 KEY_FILE: Final = "api-keys.toml"
 FLOOD_TENANT: Final = "flood"
@@ -39,7 +39,7 @@ def priority_setup(workdir: Path) -> Setup:
     """A key file: the flood's and the victim's keys allow ``normal``, the healthy client's too."""
     if "--api-keys" not in replica_flags():
         return Setup(skipped="zl-replica has no --api-keys flag yet (authentication not built)")
-    from zerolayer.server.auth import write_key_file
+    from serving.auth import write_key_file
 
     path = workdir / KEY_FILE
     tenants = {FLOOD_TENANT: "normal", VICTIM_TENANT: "normal", HEALTHY_TENANT: "normal"}

@@ -44,7 +44,7 @@ from harness.loaders.base import (
 from harness.progress import ProgressStyle, load_phase, report_phase
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
-from zerolayer.wire import contract
+from serving.wire import contract
 
 if TYPE_CHECKING:
     from harness.profile import Profile

@@ -29,7 +29,7 @@ from harness.loaders.base import new_record
 from harness.loaders.locust import SPAWN_RATE, start_delay_s
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
-from zerolayer.wire import contract
+from serving.wire import contract
 
 PATH = "/v1/completions"
 

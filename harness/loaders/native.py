@@ -63,8 +63,8 @@ from harness.progress import (
 )
 from harness.schema import JsonlWriter, Outcome, RequestRecord
 from harness.workload import PlannedRequest
+from serving.engine import Engine, EngineError, EngineRequest
 from zerolayer.client import Http1Client, Timing, ZeroLayerClient, ZeroLayerError
-from zerolayer.engine import Engine, EngineError, EngineRequest
 
 if TYPE_CHECKING:
     from harness.profile import Profile

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from harness.schema import read_jsonl
 from harness.telemetry.sampler import Availability
-from zerolayer.engine.types import Engine, EngineStats
+from serving.engine.types import Engine, EngineStats
 
 # Prometheus names a replica exports -> row keys. vLLM's names first (kv_cache_usage_perc is a
 # fraction in vLLM despite its name); the zl_ ones carry what vLLM has no name for.

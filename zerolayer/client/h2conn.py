@@ -22,10 +22,10 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from serving.wire.h2base import H2State
+from serving.wire.hpackenc import LiteralEncoder
 from zerolayer.client.stream import Response
 from zerolayer.client.wire import MAX_ERROR_BODY_BYTES
-from zerolayer.wire.h2base import H2State
-from zerolayer.wire.hpackenc import LiteralEncoder
 
 RECV_WINDOW = 1 << 24
 DEFAULT_MAX_STREAMS = 100

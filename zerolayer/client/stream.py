@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from serving.wire import contract
 from zerolayer.client.timing import (
     CLIENT_TIMEOUT,
     CONNECTION_LOST,
@@ -36,7 +37,6 @@ from zerolayer.client.wire import (
     ZeroLayerError,
     server_error,
 )
-from zerolayer.wire import contract
 
 _now = time.time_ns
 _loads = orjson.loads

@@ -14,9 +14,9 @@ from typing import Any, Final, NamedTuple, Required, TypedDict
 
 import orjson
 
+from serving.wire import contract
+from serving.wire.tokens import count_prompt_tokens
 from zerolayer.client.timing import Timing
-from zerolayer.wire import contract
-from zerolayer.wire.tokens import count_prompt_tokens
 
 DONE = b"[DONE]"
 # Refusals that say the replica itself is going away: the client marks it down at once.

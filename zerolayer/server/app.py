@@ -7,10 +7,10 @@ import contextlib
 import os
 import ssl
 
+from serving.auth import Authenticator
+from serving.engine.types import Engine
 from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, Accounting, FsyncPolicy
-from zerolayer.engine.types import Engine
 from zerolayer.scheduler import SchedulerConfig
-from zerolayer.server.auth import Authenticator
 from zerolayer.server.connection import Connections, ReplicaProtocol
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
 from zerolayer.server.limits import DEFAULT_LIMITS, Limits

@@ -13,7 +13,7 @@ exit status 2.
 
 ``--api-keys FILE`` turns authentication on (off by default, for local benchmarking): every
 ``/v1/*`` request then needs ``authorization: Bearer <key>`` for a key in FILE, or a client
-certificate verified against ``--tls-client-ca`` (see ``zerolayer.server.auth``).
+certificate verified against ``--tls-client-ca`` (see ``serving.auth``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import signal
 import ssl
 import sys
 
-from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, FsyncPolicy
-from zerolayer.cliargs import (
+from serving.auth import load_key_file
+from serving.cliargs import (
     Parser,
     fail,
     non_negative_float,
@@ -37,10 +37,10 @@ from zerolayer.cliargs import (
     positive_int,
     readable_file,
 )
-from zerolayer.engine import ENGINES, Engine, make_engine
-from zerolayer.engine.options import add_engine_option, validate_engine_options
+from serving.engine import ENGINES, Engine, make_engine
+from serving.engine.options import add_engine_option, validate_engine_options
+from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, FsyncPolicy
 from zerolayer.server.app import DRAIN_TIMEOUT_S, ReplicaHandle, start_replica, tls_context
-from zerolayer.server.auth import load_key_file
 from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES
 from zerolayer.server.limits import DEFAULT_LIMITS, parse_limit
 

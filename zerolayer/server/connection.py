@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final, cast
 
-from zerolayer.server.auth import certificate_tenant
+from serving.auth import certificate_tenant
 from zerolayer.server.h1proto import H1Handler
 from zerolayer.server.h2proto import H2Handler
 

@@ -29,28 +29,17 @@ from enum import Enum
 from functools import lru_cache
 from typing import Final, Protocol
 
-from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
-from zerolayer.engine.kv import blocks_for
-from zerolayer.engine.types import (
+from serving.auth import Authenticator
+from serving.engine.kv import blocks_for
+from serving.engine.types import (
     Engine,
     EngineError,
     EngineRequest,
     TokenChunk,
     token_counter,
 )
-from zerolayer.scheduler import (
-    AdmissionQueue,
-    QueueEntry,
-    SchedulerConfig,
-    decide,
-    engine_has_room,
-)
-from zerolayer.server import status
-from zerolayer.server.auth import Authenticator
-from zerolayer.server.eager import start_eager
-from zerolayer.server.limits import DEFAULT_LIMITS, Limits
-from zerolayer.wire import contract, openai
-from zerolayer.wire.contract import (
+from serving.wire import contract, openai
+from serving.wire.contract import (
     BAD_REQUEST,
     DEADLINE_EXCEEDED,
     DRAINING,
@@ -66,7 +55,18 @@ from zerolayer.wire.contract import (
     RequestMeta,
     error_headers,
 )
-from zerolayer.wire.openai import CHAT, COMPLETIONS, Answer, Body
+from serving.wire.openai import CHAT, COMPLETIONS, Answer, Body
+from zerolayer.accounting import CANCELLED, COMPLETED, ERROR, Accounting
+from zerolayer.scheduler import (
+    AdmissionQueue,
+    QueueEntry,
+    SchedulerConfig,
+    decide,
+    engine_has_room,
+)
+from zerolayer.server import status
+from zerolayer.server.eager import start_eager
+from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("zerolayer.server")
 

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Final
 
 import h11
 
-from zerolayer.wire import contract
-from zerolayer.wire.contract import BAD_REQUEST, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, ErrorCode
+from serving.wire import contract
+from serving.wire.contract import BAD_REQUEST, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, ErrorCode
 
 if TYPE_CHECKING:
     from zerolayer.server.core import Call, Replica

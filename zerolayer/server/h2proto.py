@@ -40,17 +40,17 @@ import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 
-from zerolayer.server.budget import TokenBucket
-from zerolayer.server.core import BODY
-from zerolayer.wire.contract import (
+from serving.wire.contract import (
     BAD_REQUEST,
     OVERLOADED,
     REQUEST_TIMEOUT,
     error_body,
     error_headers,
 )
-from zerolayer.wire.h2base import H2ServerState, RequestMalformed
-from zerolayer.wire.hpackenc import LiteralEncoder
+from serving.wire.h2base import H2ServerState, RequestMalformed
+from serving.wire.hpackenc import LiteralEncoder
+from zerolayer.server.budget import TokenBucket
+from zerolayer.server.core import BODY
 
 if TYPE_CHECKING:
     from zerolayer.server.core import Call, Replica

@@ -15,8 +15,8 @@ from typing import Final, Protocol
 
 import orjson
 
+from serving.engine.types import Engine
 from zerolayer.accounting import Accounting
-from zerolayer.engine.types import Engine
 from zerolayer.scheduler import SchedulerConfig
 
 METRICS_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"

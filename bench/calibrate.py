@@ -12,7 +12,7 @@ keeps its other models, so one file can hold several. Then ``SimConfig(profile_p
 model_shape=name)`` runs the sim on this machine's timings.
 
 With ``--engine vllm --engine-option model=DIR`` the real vLLM's steps are timed through its own
-engine instead (``zerolayer.engine.calibrate_vllm`` says how), on a small grid sized for the tiny
+engine instead (``bench.calibrate_vllm`` says how), on a small grid sized for the tiny
 model on two cores, and its real limits (KV blocks, block size, batch limits) go into the file.
 
 This module has no program of its own: ``zl-bench calibrate`` calls :func:`add_arguments` and
@@ -33,10 +33,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerolayer.engine.options import add_engine_option, validate_engine_options
+from serving.engine.options import add_engine_option, validate_engine_options
 
 if TYPE_CHECKING:
-    from zerolayer.engine.torch_engine.engine import TorchEngineConfig
+    from serving.engine.torch_engine.engine import TorchEngineConfig
 
 MIN_PREFILL_POINTS = 3
 
@@ -108,11 +108,11 @@ def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, An
     weights, seed and CUDA graphs); returns (the model's profile entry, run metadata)."""
     import torch
 
-    from zerolayer.engine.kv import KVBlockManager
-    from zerolayer.engine.torch_engine.kv_paged import PagedKVPool
-    from zerolayer.engine.torch_engine.model import build_model, get_shape
-    from zerolayer.engine.torch_engine.runner import ModelRunner
-    from zerolayer.engine.torch_engine.step import SeqSlice
+    from serving.engine.kv import KVBlockManager
+    from serving.engine.torch_engine.kv_paged import PagedKVPool
+    from serving.engine.torch_engine.model import build_model, get_shape
+    from serving.engine.torch_engine.runner import ModelRunner
+    from serving.engine.torch_engine.step import SeqSlice
 
     batches, contexts, prefill_lengths = grid.batches, grid.contexts, grid.prefill_lengths
     repeats, warmup = grid.repeats, grid.warmup
@@ -242,7 +242,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         name, entry, meta = _calibrate_vllm(options, grid, args.name)
     else:
-        from zerolayer.engine.torch_engine.engine import TorchEngineConfig
+        from serving.engine.torch_engine.engine import TorchEngineConfig
 
         config = TorchEngineConfig(**options)
         entry, meta = calibrate_torch(config, grid)
@@ -262,8 +262,8 @@ def _calibrate_vllm(
     options: dict[str, Any], grid: Grid, name: str | None
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """Calibrate the real vLLM; ValueError when there is no model directory or no vLLM."""
-    from zerolayer.engine.calibrate_vllm import calibrate_vllm
-    from zerolayer.engine.vllm_engine import VllmEngineConfig
+    from bench.calibrate_vllm import calibrate_vllm
+    from serving.engine.vllm_engine import VllmEngineConfig
 
     config = VllmEngineConfig(**options)
     if not config.model or not Path(config.model).is_dir():

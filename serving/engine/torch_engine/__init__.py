@@ -1,6 +1,6 @@
 """The ``torch`` engine: a Llama-shaped decoder in plain PyTorch behind the Engine protocol.
 
-Attributes load lazily, so ``zerolayer.engine.torch_engine.prompt`` (which the vLLM adapter
+Attributes load lazily, so ``serving.engine.torch_engine.prompt`` (which the vLLM adapter
 shares) can be imported without importing torch.
 """
 

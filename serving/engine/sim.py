@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
-from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
-from zerolayer.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
-from zerolayer.engine.stepmodel import StepTimeModel, load_profile, model_shape
-from zerolayer.engine.tokens import detokenize, token_array, uniform_logprobs
-from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
+from serving.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
+from serving.engine.stepmodel import StepTimeModel, load_profile, model_shape
+from serving.engine.tokens import detokenize, token_array, uniform_logprobs
+from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 H200_MEMORY_BYTES = 150_754_820_096
 MAX_CATCH_UP_S = 0.02

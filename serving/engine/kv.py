@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from zerolayer.engine.prefix import prompt_block_hashes
+from serving.engine.prefix import prompt_block_hashes
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -123,7 +123,7 @@ class PrefixCachingKVBlockManager(KVBlockManager):
     """vLLM V1's automatic prefix caching over the same tables: blocks are shared, not copied.
 
     Each block has a ref count and, once its prompt content is computed, a name (a chained hash,
-    :mod:`zerolayer.engine.prefix`) under which a later request finds it. Blocks no sequence
+    :mod:`serving.engine.prefix`) under which a later request finds it. Blocks no sequence
     holds wait in an LRU free queue, still findable; a fresh block is the queue's head, and
     taking it evicts its name. A sequence's blocks are queued tail first when it ends, so its
     last blocks are evicted before its first ones, which more prompts share (vLLM's order).

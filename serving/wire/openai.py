@@ -2,7 +2,7 @@
 
 The replica and the Ray Serve baseline's ingress both parse with :func:`parse_body` and answer
 with :class:`Answer`, so the same body costs the same tokens, is checked by the same rules
-(vLLM's: ``zerolayer.wire.fields``) and streams the same bytes everywhere. Response framing is
+(vLLM's: ``serving.wire.fields``) and streams the same bytes everywhere. Response framing is
 pre-encoded: per request the constant head of every SSE event is built once, and per engine
 chunk only the chunk's text is JSON-encoded; stop strings, echo and logprobs, when a request
 asks for them, take a slower path of their own.
@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import orjson
 
-from zerolayer.wire import fields
-from zerolayer.wire.contract import (
+from serving.wire import fields
+from serving.wire.contract import (
     BAD_REQUEST,
     DEFAULT_MAX_TOKENS,
     MAX_OUTPUT_TOKENS,
@@ -28,7 +28,7 @@ from zerolayer.wire.contract import (
     RequestMeta,
     error_body,
 )
-from zerolayer.wire.tokens import count_prompt_tokens, request_seed
+from serving.wire.tokens import count_prompt_tokens, request_seed
 
 COMPLETIONS: Final = "completions"
 CHAT: Final = "chat"

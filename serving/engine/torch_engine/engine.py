@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from zerolayer.engine.batching import ContinuousBatcher, Sequence, StepLoop
-from zerolayer.engine.kv import KVBlockManager
-from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
-from zerolayer.engine.torch_engine.kv_contiguous import ContiguousKVStore
-from zerolayer.engine.torch_engine.kv_paged import PagedKVPool
-from zerolayer.engine.torch_engine.model import build_model, get_shape
-from zerolayer.engine.torch_engine.prompt import prompt_token_ids
-from zerolayer.engine.torch_engine.runner import ModelRunner
-from zerolayer.engine.torch_engine.step import SeqSlice
-from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
+from serving.engine.kv import KVBlockManager
+from serving.engine.tokens import VOCAB_SIZE, detokenize
+from serving.engine.torch_engine.kv_contiguous import ContiguousKVStore
+from serving.engine.torch_engine.kv_paged import PagedKVPool
+from serving.engine.torch_engine.model import build_model, get_shape
+from serving.engine.torch_engine.prompt import prompt_token_ids
+from serving.engine.torch_engine.runner import ModelRunner
+from serving.engine.torch_engine.step import SeqSlice
+from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 KV_LAYOUTS = ("paged", "contiguous")
 CPU_DEFAULT_BLOCKS = 2048

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import xxhash
 
-from zerolayer.engine.tokens import token_ids
-from zerolayer.engine.types import EngineRequest
+from serving.engine.tokens import token_ids
+from serving.engine.types import EngineRequest
 
 
 def prompt_token_ids(request: EngineRequest, vocab_size: int) -> list[int]:

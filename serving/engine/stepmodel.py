@@ -25,7 +25,7 @@ MODEL_SHAPES = ("llama-3.1-8b", "llama-3.2-1b")
 def load_profile(path: str | Path | None = None) -> dict[str, Any]:
     """The measured profile: the packaged H200 copy unless a path is given."""
     if path is None:
-        data = resources.files("zerolayer.engine").joinpath("data")
+        data = resources.files("serving.engine").joinpath("data")
         return json.loads(data.joinpath(DEFAULT_PROFILE).read_text())
     return json.loads(Path(path).read_text())
 

@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from zerolayer.engine.tokens import VOCAB_SIZE, detokenize
-from zerolayer.engine.torch_engine.prompt import prompt_token_ids
-from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
-from zerolayer.wire.openai import TokenLogprob
+from serving.engine.tokens import VOCAB_SIZE, detokenize
+from serving.engine.torch_engine.prompt import prompt_token_ids
+from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.wire.openai import TokenLogprob
 
 DEFAULT_VOCAB = 32_000
 DEFAULT_BLOCK_SIZE = 16

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zerolayer.engine.torch_engine.kv_contiguous import ContiguousKVStore
-from zerolayer.engine.torch_engine.kv_paged import PagedKVPool
-from zerolayer.engine.torch_engine.model import LlamaForCausalLM
-from zerolayer.engine.torch_engine.step import SeqSlice
+from serving.engine.torch_engine.kv_contiguous import ContiguousKVStore
+from serving.engine.torch_engine.kv_paged import PagedKVPool
+from serving.engine.torch_engine.model import LlamaForCausalLM
+from serving.engine.torch_engine.step import SeqSlice
 
 ALLOCATOR_REFRESH_S = 0.05
 

@@ -15,9 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from zerolayer.engine.sim import SimConfig
-
-ENGINES = ("sim", "null", "torch", "vllm")
+from serving.engine.kinds import engine_kind
 
 
 def parse_engine_option(text: str) -> tuple[str, Any]:
@@ -34,25 +32,6 @@ def parse_engine_option(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key.replace("-", "_"), value
-
-
-def _config_class(engine: str) -> type | None:
-    """The engine's config dataclass (None for ``null``, which takes no options)."""
-    if engine == "sim":
-        return SimConfig
-    if engine == "null":
-        return None
-    if engine == "torch":
-        try:
-            from zerolayer.engine.torch_engine import TorchEngineConfig
-        except ImportError as exc:
-            raise ValueError(f"the torch engine needs PyTorch installed ({exc})") from None
-        return TorchEngineConfig
-    if engine == "vllm":
-        from zerolayer.engine.vllm_engine import VllmEngineConfig
-
-        return VllmEngineConfig
-    raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
 
 
 def _accepts(kind: Any, value: Any) -> bool:
@@ -83,7 +62,7 @@ def validate_engine_options(engine: str, options: Mapping[str, Any]) -> dict[str
     Raises ValueError naming the bad key and listing the valid ones, or naming a value of the
     wrong type or one the config itself refuses; an unknown engine lists the engines.
     """
-    config = _config_class(engine)
+    config = engine_kind(engine).config_class
     if config is None:
         if options:
             raise ValueError(f"the {engine} engine takes no options, got {', '.join(options)}")

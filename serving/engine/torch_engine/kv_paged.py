@@ -1,7 +1,7 @@
 """The paged KV layout, as vLLM's: one preallocated block pool, one block table per sequence.
 
 The pool is ``[layers, num_blocks + 1, block_size, kv_heads, head_dim]`` for K and for V. The
-block ids come from :class:`zerolayer.engine.kv.KVBlockManager` (the same bookkeeping the sim
+block ids come from :class:`serving.engine.kv.KVBlockManager` (the same bookkeeping the sim
 uses); the extra last block is a scratch block that padded rows of a CUDA-graph batch write into,
 so padding never touches a live sequence. Attention gathers each sequence's blocks into a padded
 ``[S, K]`` view and runs one SDPA call per group (all decode rows together, each prefill chunk on
@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from zerolayer.engine.torch_engine.model import LlamaShape
-from zerolayer.engine.torch_engine.step import SeqSlice
+from serving.engine.torch_engine.model import LlamaShape
+from serving.engine.torch_engine.step import SeqSlice
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Final
 
 from xxhash import xxh3_64_intdigest
 
-from zerolayer.wire.tokens import BYTES_PER_TOKEN
+from serving.wire.tokens import BYTES_PER_TOKEN
 
 ROOT_HASH: Final = 0
 

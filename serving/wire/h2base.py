@@ -34,7 +34,7 @@ from h2.exceptions import (
 from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import DataFrame, Frame, HeadersFrame
 
-from zerolayer.wire.hpackdec import FastDecoder
+from serving.wire.hpackdec import FastDecoder
 
 RESCAN_MARGIN = 64
 

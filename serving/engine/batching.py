@@ -19,9 +19,9 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from zerolayer.engine.kv import KVBlockManager, blocks_for
-from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
-from zerolayer.wire.openai import TokenLogprob
+from serving.engine.kv import KVBlockManager, blocks_for
+from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.wire.openai import TokenLogprob
 
 
 class Sequence:

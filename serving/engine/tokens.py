@@ -7,7 +7,7 @@ from array import array
 
 import numpy as np
 
-from zerolayer.wire.openai import TokenLogprob
+from serving.wire.openai import TokenLogprob
 
 VOCAB_SIZE = 4096
 _SYLLABLES = (

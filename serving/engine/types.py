@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from zerolayer.wire.contract import PRIORITY_NORMAL
-from zerolayer.wire.openai import TokenLogprob
+from serving.wire.contract import PRIORITY_NORMAL
+from serving.wire.openai import TokenLogprob
 
 
 @dataclass(slots=True)
@@ -24,7 +24,7 @@ class EngineRequest:
     seed: int = 0
     priority: int = PRIORITY_NORMAL
     prompt: str = ""
-    # The body's sampling fields as vLLM's SamplingParams arguments (zerolayer.wire.fields):
+    # The body's sampling fields as vLLM's SamplingParams arguments (serving.wire.fields):
     # the vllm engine applies them; the others, whose tokens do not depend on them, record them.
     sampling: dict[str, Any] = field(default_factory=dict)
     # Log-probabilities of each output token and this many alternatives (None: not asked for).

@@ -34,7 +34,7 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from zerolayer.engine.vllm_engine import VllmEngineConfig
+from serving.engine.vllm_engine import VllmEngineConfig
 
 DECODE_TOKENS = 16
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -42,7 +42,7 @@ FIRST_TOKEN_ID = 3  # past the tiny tokenizer's special tokens
 
 
 class Grid(Protocol):
-    """Where to time (``zerolayer.engine.calibrate.Grid``; a protocol, so no import cycle)."""
+    """Where to time (``bench.calibrate.Grid``; a protocol, so no import cycle)."""
 
     @property
     def batches(self) -> tuple[int, ...]: ...

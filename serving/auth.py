@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from zerolayer.wire.contract import (
+from serving.wire.contract import (
     PRIORITIES,
     PRIORITY_NOT_ALLOWED,
     TENANT_MISMATCH,

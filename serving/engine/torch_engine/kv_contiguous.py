@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from zerolayer.engine.torch_engine.model import LlamaShape
-from zerolayer.engine.torch_engine.step import SeqSlice
+from serving.engine.torch_engine.model import LlamaShape
+from serving.engine.torch_engine.step import SeqSlice
 
 MIN_CAPACITY = 16
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from zerolayer.engine.tokens import detokenize, token_ids, uniform_logprobs
-from zerolayer.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.engine.tokens import detokenize, token_ids, uniform_logprobs
+from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 
 class NullEngine:

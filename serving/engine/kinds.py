@@ -1,0 +1,110 @@
+"""Engine kinds: one table says, for each engine name, how it is configured and built and what
+the stacks and the harness must know of it. Every other module asks the kind (its properties),
+never compares an engine's name.
+
+GPU engines (``torch``, ``vllm``) are imported only when their kind is asked for its config or
+an engine, so importing this module never imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from serving.engine.null import NullEngine
+from serving.engine.sim import SimConfig, SimEngine
+from serving.engine.types import Engine
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One engine kind. ``config_class`` is None for a kind that takes no options."""
+
+    name: str
+    summary: str
+    load_config_class: Callable[[], type | None]
+    build: Callable[[Any], Engine]
+    # KV-cache admission applies (watermarks, prefix cache): False for an engine with no KV.
+    has_kv_cache: bool = True
+    # Runs real vLLM: a model path and its tokenizer, vLLM's own server and Ray Serve LLM apply.
+    serves_vllm: bool = False
+    # Its step time is a model the harness can predict capacity from (the sim's step-time model).
+    has_step_model: bool = False
+    # Does no work of its own: what a stack adds over it is the stack's (the overhead reference).
+    is_reference: bool = False
+
+    @property
+    def config_class(self) -> type | None:
+        return self.load_config_class()
+
+    def make(self, config: Any) -> Engine:
+        """An engine built from ``config`` (an instance of ``config_class``, or None)."""
+        return self.build(config)
+
+
+def _torch_config() -> type:
+    try:
+        from serving.engine.torch_engine import TorchEngineConfig
+    except ImportError as exc:
+        raise ValueError(f"the torch engine needs PyTorch installed ({exc})") from None
+    return TorchEngineConfig
+
+
+def _torch_build(config: Any) -> Engine:
+    from serving.engine.torch_engine import TorchEngine
+
+    return TorchEngine(config)
+
+
+def _vllm_config() -> type:
+    from serving.engine.vllm_engine import VllmEngineConfig
+
+    return VllmEngineConfig
+
+
+def _vllm_build(config: Any) -> Engine:
+    from serving.engine.vllm_engine import VllmEngine
+
+    return VllmEngine(config)
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {
+    kind.name: kind
+    for kind in (
+        EngineKind(
+            "sim",
+            "simulated H200 engine on a calibrated step-time model (the default)",
+            lambda: SimConfig,
+            SimEngine,
+            has_step_model=True,
+        ),
+        EngineKind(
+            "null",
+            "answers at once with no KV cache: what a stack adds over it is the stack's",
+            lambda: None,
+            lambda _config: NullEngine(),
+            has_kv_cache=False,
+            is_reference=True,
+        ),
+        EngineKind(
+            "torch", "a small PyTorch model with a paged KV cache", _torch_config, _torch_build
+        ),
+        EngineKind(
+            "vllm",
+            "vLLM's engine in process (its CPU build here)",
+            _vllm_config,
+            _vllm_build,
+            serves_vllm=True,
+        ),
+    )
+}
+ENGINES: tuple[str, ...] = tuple(ENGINE_KINDS)
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The kind named ``name``; ValueError listing the kinds for any other name."""
+    try:
+        return ENGINE_KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}") from None
