@@ -12,6 +12,10 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 # The CPU build of PyTorch this machine keeps on disk; a looser range pulls a multi-GB CUDA build.
 TORCH_CPU = "torch==2.13.0"
+# Test files spread over the cores, a file to a worker (its module fixtures set up once); most of
+# a test's time is spent waiting on processes it stood up. At most four workers: each may start a
+# local Ray of its own.
+PARALLEL = ("--numprocesses=auto", "--maxprocesses=4", "--dist=loadfile")
 
 
 @nox.session(python=PYTHON)
@@ -51,7 +55,7 @@ def _install_dev(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (CPU only; GPU tests skip with their reason); arguments go to pytest."""
     _install_dev(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 # PyPI's builds of these pull in against a different torch and fail to import beside the CPU

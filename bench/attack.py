@@ -14,9 +14,12 @@ import orjson
 from chaos.attacks.outcome import Outcome, mib
 from chaos.attacks.runner import DEFAULT_SECONDS, NAMES, run_suite, select
 from harness.errors import UsageError
+from harness.tables import Align, Column, text_table
 from serving.cliargs import positive_float
+from serving.engine import ENGINE_KINDS
 
-ENGINES = ("null", "sim")
+# The engines an attack runs on: those with no real model, so the attack loads the serving layer.
+ENGINES = tuple(name for name, kind in ENGINE_KINDS.items() if not kind.runs_model)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,20 +66,31 @@ def _print_line(outcome: Outcome) -> None:
     print(outcome.line(), flush=True)
 
 
+TABLE_COLUMNS = (
+    Column("attack", align=Align.LEFT, width=20),
+    Column("item", width=4),
+    Column("verdict", align=Align.LEFT, width=7),
+    Column("healthy", width=9),
+    Column("RSS growth", width=11),
+    Column("bound", width=10),
+    Column("active", width=6),
+    Column("skipped", align=Align.LEFT),
+)
+
+
+def _table_row(o: Outcome) -> list[str]:
+    """An attack's cells: its numbers, or dashes and the reason where it was skipped."""
+    if o.skipped:
+        return [o.attack, str(o.item), "skip", "-", "-", "-", "-", o.skipped]
+    active = "gone" if o.active_after is None else str(o.active_after)
+    healthy = f"{o.healthy_ok}/{o.healthy_total}"
+    return [o.attack, str(o.item), o.verdict, healthy, mib(o.rss_peak - o.rss_before),
+            mib(o.rss_bound), active, ""]  # fmt: skip
+
+
 def table(outcomes: list[Outcome]) -> str:
     """The summary: one row per attack, its verdict and the numbers it was judged on."""
-    header = f"{'attack':<20} {'item':>4} {'verdict':<7} {'healthy':>9} {'RSS growth':>11} " \
-             f"{'bound':>10} {'active':>6}"  # fmt: skip
-    rows = [header, "-" * len(header)]
-    for o in outcomes:
-        if o.skipped:
-            rows.append(f"{o.attack:<20} {o.item:>4} {'skip':<7} {o.skipped}")
-            continue
-        active = "gone" if o.active_after is None else str(o.active_after)
-        rows.append(
-            f"{o.attack:<20} {o.item:>4} {o.verdict:<7} {o.healthy_ok:>4}/{o.healthy_total:<4} "
-            f"{mib(o.rss_peak - o.rss_before):>11} {mib(o.rss_bound):>10} {active:>6}"
-        )
+    rows = [text_table(TABLE_COLUMNS, [_table_row(o) for o in outcomes], rule=True)]
     failed = sum(1 for o in outcomes if not o.passed and not o.skipped)
     rows.append(f"{failed} of {len(outcomes)} attacks failed their bounds")
     return "\n".join(rows)

@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 from serving.engine.options import add_engine_option, validate_engine_options
 
 if TYPE_CHECKING:
+    import torch
+
+    from serving.engine.kv import KVBlockManager
     from serving.engine.torch_engine.engine import TorchEngineConfig
+    from serving.engine.torch_engine.model import LlamaShape
+    from serving.engine.torch_engine.runner import ModelRunner
+    from serving.engine.torch_engine.step import SeqSlice
 
 MIN_PREFILL_POINTS = 3
 
@@ -78,20 +84,6 @@ class Grid:
             )
 
 
-# Grids sized for each engine: the torch engine's shapes, and the tiny model under the CPU vLLM
-# (the contexts and prompt lengths profiles A and C reach on it; about a minute on two cores).
-DEFAULT_GRIDS = {
-    "torch": Grid(),
-    "vllm": Grid(
-        batches=(1, 4, 16),
-        contexts=(128, 1024, 3072),
-        prefill_lengths=(128, 1024, 3072),
-        repeats=3,
-        warmup=1,
-    ),
-}
-
-
 def _time_ms(step: Callable[[], object], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         step()
@@ -103,83 +95,111 @@ def _time_ms(step: Callable[[], object], warmup: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Time the torch engine's steps (paged KV, as ``config`` sets the model, device, dtype,
-    weights, seed and CUDA graphs); returns (the model's profile entry, run metadata)."""
-    import torch
+@dataclass(frozen=True)
+class _TorchRig:
+    """The torch engine's model, paged KV blocks and step runner, sized for one grid."""
 
+    shape: LlamaShape
+    device: torch.device
+    dtype: torch.dtype
+    manager: KVBlockManager
+    runner: ModelRunner
+
+    def slices(self, count: int, context: int, tokens: int) -> list[SeqSlice]:
+        """``count`` sequences of ``context`` cached tokens, each computing ``tokens`` more."""
+        from serving.engine.torch_engine.step import SeqSlice
+
+        out = []
+        for i in range(count):
+            seq = f"s{i}"
+            self.manager.append(seq, context + tokens)
+            ids = [(7 * i + j) % self.shape.vocab_size for j in range(tokens)]
+            out.append(SeqSlice(seq, ids, context, True, self.manager.block_table(seq)))
+        return out
+
+    def time_ms(self, slices: list[SeqSlice], grid: Grid) -> float:
+        """The median time of one step over ``slices``, whose blocks are then freed."""
+        ms = _time_ms(partial(self.runner.execute, slices), grid.warmup, grid.repeats)
+        for s in slices:
+            self.manager.free(s.seq_id)
+        return ms
+
+
+def _torch_rig(config: TorchEngineConfig, grid: Grid) -> _TorchRig:
+    """A model and enough KV blocks for the grid's largest batch at its longest context."""
     from serving.engine.kv import KVBlockManager
     from serving.engine.torch_engine.kv_paged import PagedKVPool
     from serving.engine.torch_engine.model import build_model, get_shape
     from serving.engine.torch_engine.runner import ModelRunner
-    from serving.engine.torch_engine.step import SeqSlice
 
-    batches, contexts, prefill_lengths = grid.batches, grid.contexts, grid.prefill_lengths
-    repeats, warmup = grid.repeats, grid.warmup
     shape = get_shape(config.model_shape)
     dev = config.torch_device()
     dt = config.torch_dtype(dev)
     block = config.block_size
-    longest = max(max(contexts) + 1, max(prefill_lengths))
+    longest = max(max(grid.contexts) + 1, max(grid.prefill_lengths))
     width = -(-longest // block)
-    num_blocks = max(max(batches) * width, width)
+    num_blocks = max(max(grid.batches) * width, width)
     model = build_model(shape, longest, dev, dt, config.seed, config.weights_path)
-    manager = KVBlockManager(num_blocks, block)
     pool = PagedKVPool(shape, num_blocks, block, dev, dt)
-    runner = ModelRunner(model, pool, max(batches), width, config.cuda_graphs)
+    runner = ModelRunner(model, pool, max(grid.batches), width, config.cuda_graphs)
+    return _TorchRig(shape, dev, dt, KVBlockManager(num_blocks, block), runner)
 
-    def slices_for(count: int, context: int, tokens: int) -> list[SeqSlice]:
-        out = []
-        for i in range(count):
-            seq = f"s{i}"
-            manager.append(seq, context + tokens)
-            ids = [(7 * i + j) % shape.vocab_size for j in range(tokens)]
-            out.append(SeqSlice(seq, ids, context, True, manager.block_table(seq)))
-        return out
 
-    def release(slices: list[SeqSlice]) -> None:
-        for s in slices:
-            manager.free(s.seq_id)
-
-    wbytes = dt.itemsize
-    kv_per_token = shape.kv_bytes_per_token(wbytes)
+def _decode_points(rig: _TorchRig, grid: Grid) -> dict[str, dict[str, float]]:
+    """Each decode step of the grid (``BxC``): its time, and the bytes and flops it moves."""
+    wbytes = rig.dtype.itemsize
+    kv_per_token = rig.shape.kv_bytes_per_token(wbytes)
+    params = rig.shape.non_embedding_params
     decode: dict[str, dict[str, float]] = {}
-    for b in batches:
-        for c in contexts:
-            slices = slices_for(b, c, 1)
-            ms = _time_ms(partial(runner.execute, slices), warmup, repeats)
-            release(slices)
+    for b in grid.batches:
+        for c in grid.contexts:
+            ms = rig.time_ms(rig.slices(b, c, 1), grid)
             decode[f"{b}x{c}"] = {
                 "ms": round(ms, 4),
-                "bytes": shape.non_embedding_params * wbytes + b * c * kv_per_token,
-                "flops": 2 * shape.non_embedding_params * b,
+                "bytes": params * wbytes + b * c * kv_per_token,
+                "flops": 2 * params * b,
             }
-    prefill: dict[str, float] = {}
-    for length in prefill_lengths:
-        slices = slices_for(1, 0, length)
-        prefill[str(length)] = round(_time_ms(partial(runner.execute, slices), warmup, repeats), 4)
-        release(slices)
-    entry = {
-        "params": shape.params,
-        "weight_bytes": shape.params * wbytes,
-        "kv_bytes_per_token": kv_per_token,
-        "decode_step_graph_ms": decode,
-        "prefill_graph_ms": prefill,
-    }
+    return decode
+
+
+def _torch_meta(rig: _TorchRig, grid: Grid) -> dict[str, Any]:
+    """What the profile records of the run: the device, torch, dtype and how it was timed."""
+    import torch
+
+    dev = rig.device
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
-    meta = {
+    return {
         "device": device_name or dev.type,
         "torch": torch.__version__,
-        "dtype": str(dt).removeprefix("torch."),
+        "dtype": str(rig.dtype).removeprefix("torch."),
         "calibration": {
             "engine": "torch",
             "kv_layout": "paged",
-            "cuda_graphs": runner.graphs is not None,
-            "statistic": f"median of {repeats} after {warmup} warmup",
+            "cuda_graphs": rig.runner.graphs is not None,
+            "statistic": f"median of {grid.repeats} after {grid.warmup} warmup",
             "includes_host_prep": True,
         },
     }
-    return entry, meta
+
+
+def calibrate_torch(config: TorchEngineConfig, grid: Grid) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time the torch engine's steps (paged KV, as ``config`` sets the model, device, dtype,
+    weights, seed and CUDA graphs); returns (the model's profile entry, run metadata)."""
+    rig = _torch_rig(config, grid)
+    decode = _decode_points(rig, grid)
+    prefill = {
+        str(length): round(rig.time_ms(rig.slices(1, 0, length), grid), 4)
+        for length in grid.prefill_lengths
+    }
+    wbytes = rig.dtype.itemsize
+    entry = {
+        "params": rig.shape.params,
+        "weight_bytes": rig.shape.params * wbytes,
+        "kv_bytes_per_token": rig.shape.kv_bytes_per_token(wbytes),
+        "decode_step_graph_ms": decode,
+        "prefill_graph_ms": prefill,
+    }
+    return entry, _torch_meta(rig, grid)
 
 
 def write_profile(path: Path, name: str, entry: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -196,7 +216,7 @@ def write_profile(path: Path, name: str, entry: dict[str, Any], meta: dict[str, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench calibrate``'s arguments; engine settings are ``--engine-option`` as everywhere."""
     parser.add_argument(
-        "--engine", choices=sorted(DEFAULT_GRIDS), default="torch", help="engine to time"
+        "--engine", choices=sorted(CALIBRATORS), default="torch", help="engine to time"
     )
     add_engine_option(parser)
     parser.add_argument(
@@ -212,7 +232,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
     """The grid asked for, each unset part taken from the engine's default grid."""
-    base = DEFAULT_GRIDS[args.engine]
+    base = CALIBRATORS[args.engine].grid
     return Grid(
         args.batches or base.batches,
         args.contexts or base.contexts,
@@ -239,14 +259,7 @@ def run_command(args: argparse.Namespace) -> int:
     grid = grid_from_args(args)
     out: Path = args.out
     check_out(out)
-    if args.engine == "vllm":
-        name, entry, meta = _calibrate_vllm(options, grid, args.name)
-    else:
-        from serving.engine.torch_engine.engine import TorchEngineConfig
-
-        config = TorchEngineConfig(**options)
-        entry, meta = calibrate_torch(config, grid)
-        name = args.name or config.model_shape
+    name, entry, meta = CALIBRATORS[args.engine].calibrate(options, grid, args.name)
     write_profile(out, name, entry, meta)
     points = len(entry["decode_step_graph_ms"]) + len(entry["prefill_graph_ms"])
     print(f"wrote {name} ({points} points) to {out}")
@@ -275,3 +288,43 @@ def _calibrate_vllm(
         raise ValueError("vllm is not installed (the CPU build installs with: nox -s vllm)")
     entry, meta = calibrate_vllm(config, grid)
     return name or vllm_profile_name(config.model), entry, meta
+
+
+def _calibrate_torch_engine(
+    options: dict[str, Any], grid: Grid, name: str | None
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Calibrate the torch engine; the profile's model is named after its shape by default."""
+    from serving.engine.torch_engine.engine import TorchEngineConfig
+
+    config = TorchEngineConfig(**options)
+    entry, meta = calibrate_torch(config, grid)
+    return name or config.model_shape, entry, meta
+
+
+@dataclass(frozen=True)
+class Calibrator:
+    """How one engine's steps are timed: its default grid, and the run that times them (engine
+    options, grid, profile name or None) into (name, profile entry, metadata)."""
+
+    grid: Grid
+    calibrate: Callable[
+        [dict[str, Any], Grid, str | None], tuple[str, dict[str, Any], dict[str, Any]]
+    ]
+
+
+# The engines ``zl-bench calibrate`` times. Grids sized for each: the torch engine's shapes, and
+# the tiny model under the CPU vLLM (the contexts and prompt lengths profiles A and C reach on
+# it; about a minute on two cores).
+CALIBRATORS: dict[str, Calibrator] = {
+    "torch": Calibrator(Grid(), _calibrate_torch_engine),
+    "vllm": Calibrator(
+        Grid(
+            batches=(1, 4, 16),
+            contexts=(128, 1024, 3072),
+            prefill_lengths=(128, 1024, 3072),
+            repeats=3,
+            warmup=1,
+        ),
+        _calibrate_vllm,
+    ),
+}

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvloop
@@ -94,6 +95,17 @@ async def drive(
     )
 
 
+def _against_vllm(args: argparse.Namespace) -> int:
+    from bench.fidelity_vllm import run_command
+
+    return run_command(args)
+
+
+# What ``--against`` can check the sim against: each a command taking these arguments, imported
+# only when chosen (the self-check needs no vLLM).
+AGAINST: dict[str, Callable[[argparse.Namespace], int]] = {"vllm": _against_vllm}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench fidelity``'s arguments."""
     parser.add_argument("--requests", type=positive_int, default=256, help="concurrent requests")
@@ -105,7 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm = parser.add_argument_group(
         "against vLLM", "the sim against the real vLLM (--engine-option then sets vLLM's options)"
     )
-    vllm.add_argument("--against", choices=["vllm"], help="check the sim against this engine")
+    vllm.add_argument(
+        "--against", choices=sorted(AGAINST), help="check the sim against this engine"
+    )
     vllm.add_argument("--profiles", default="a,c", help="profiles to run, comma-separated")
     vllm.add_argument("--scale", choices=SCALES, default="smoke", help="profile scale")
     vllm.add_argument("--calibration", help="vLLM step-time profile; unset: calibrate first")
@@ -127,11 +141,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Drive the engine and print the figures; 1 when out of tolerance (10 % step, 1 % drift).
 
-    With ``--against vllm``, the end-to-end check against the real vLLM instead."""
-    if args.against == "vllm":
-        from bench.fidelity_vllm import run_command as against_vllm
-
-        return against_vllm(args)
+    With ``--against ENGINE``, the end-to-end check against that real engine instead."""
+    if args.against is not None:
+        return AGAINST[args.against](args)
     if args.calibration is not None:
         raise UsageError("--calibration goes with --against vllm")
     try:

@@ -19,9 +19,9 @@ about twice too fast. ``--calibrate offline`` times ``vllm.LLM`` alone, as ``cal
 
 Token counts: profiles size prompts in bytes at four bytes a token, but the tiny model's BPE
 tokenizer makes about 1.3 bytes a token. So each class's prompt is rescaled to give the profile's
-token count under that tokenizer (``harness.tokens.fit_classes``, as ``zl-bench run`` does;
+token count under that tokenizer (``harness.promptfit.fit_classes``, as ``zl-bench run`` does;
 clamped where prompt plus output would pass ``max_model_len``: profile C's large class at larger
-scales), each vLLM prompt is counted with the model's tokenizer (``harness.tokens.token_rule``),
+scales), each vLLM prompt is counted with the model's tokenizer (``EngineKind.token_rule``),
 and the sim gets a prompt of exactly that many tokens by its own four-bytes rule. With
 ``--engine-option skip_tokenizer_init=true`` both sides count four bytes a token instead.
 """
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import uvloop
 
-from bench.calibrate import DEFAULT_GRIDS, Grid, vllm_profile_name, write_profile
+from bench.calibrate import CALIBRATORS, Grid, vllm_profile_name, write_profile
 from bench.calibrate_vllm import (
     EngineLimits,
     ModelFigures,
@@ -57,16 +57,12 @@ from bench.calibrate_vllm import (
 from harness.errors import UsageError
 from harness.loaders import LOADERS
 from harness.profile import PROFILES, Profile, load_profile, resolve_name
+from harness.promptfit import ClassFit, apply_fits, class_fits, scaled_bytes
 from harness.stacks import StackName, StackSpec, stand_up
-from harness.tokens import (
-    ClassFit,
-    TokenRule,
-    apply_fits,
-    class_fits,
-    scaled_bytes,
-    token_rule,
-)
+from harness.tables import Align, Column, markdown_table
 from harness.workload import PlannedRequest, build_schedule, make_prompt
+from serving.engine import engine_kind
+from serving.engine.tokenrules import TokenRule
 from serving.wire.tokens import BYTES_PER_TOKEN
 
 if TYPE_CHECKING:
@@ -145,19 +141,24 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f} %"
 
 
+TABLE_COLUMNS: Final = (
+    Column("profile", align=Align.LEFT),
+    Column("metric", align=Align.LEFT),
+    Column("vLLM ms"),
+    Column("sim ms"),
+    Column("error"),
+    Column("within", align=Align.LEFT),
+)
+
+
 def table_markdown(cells: Sequence[Cell], tolerance: float) -> str:
     """The side-by-side table: one row per profile, metric and percentile."""
-    rows = [
-        "| profile | metric | vLLM ms | sim ms | error | within |",
-        "| --- | --- | ---: | ---: | ---: | --- |",
-    ]
-    for c in cells:
-        mark = "yes" if c.within(tolerance) else "NO"
-        rows.append(
-            f"| {c.profile} | p{c.percentile} {c.metric.upper()} | {_ms(c.vllm_ms)} | "
-            f"{_ms(c.sim_ms)} | {_pct(c.error)} | {mark} |"
-        )
-    return "\n".join(rows) + "\n"
+    body = [
+        [c.profile, f"p{c.percentile} {c.metric.upper()}", _ms(c.vllm_ms), _ms(c.sim_ms),
+         _pct(c.error), "yes" if c.within(tolerance) else "NO"]
+        for c in cells
+    ]  # fmt: skip
+    return markdown_table(TABLE_COLUMNS, body) + "\n"
 
 
 # -- the sim's side of the load (pure) ----------------------------------------------------------
@@ -259,7 +260,7 @@ def _offline_calibration(settings: Settings) -> Path:
     path = settings.out / "calibration.json"
     _say(f"calibrating vLLM offline (vllm.LLM) into {path}")
     config = VllmEngineConfig(**settings.engine_options)
-    entry, meta = calibrate_vllm(config, DEFAULT_GRIDS["vllm"])
+    entry, meta = calibrate_vllm(config, CALIBRATORS["vllm"].grid)
     write_profile(path, vllm_profile_name(str(settings.model)), entry, meta)
     return path
 
@@ -360,7 +361,7 @@ def served_calibration(
 ) -> Path:
     """Calibrate through the running vLLM replica (same method, the serving stack around it) and
     write the profile into ``--out``; see the module docstring for why."""
-    grid = DEFAULT_GRIDS["vllm"]
+    grid = CALIBRATORS["vllm"].grid
     check_fits(grid, limits.max_model_len)
     _say("calibrating through the vLLM replica (step times as served on this machine)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -415,6 +416,20 @@ def _stack(side: Side, spec: StackSpec, out: Path) -> tuple[Stack, Path]:
     return stand_up(spec, workdir), workdir
 
 
+def _planned(settings: Settings, max_model_len: int) -> tuple[TokenRule, list[Planned]]:
+    """The rule vLLM counts prompts by and the profiles planned under it, checked before any
+    replica starts; says how each synthetic class's prompt was resized for it."""
+    try:
+        rule = engine_kind("vllm").token_rule(settings.engine_options)
+        planned = plan(settings, rule, max_model_len)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    for item in planned:
+        for fit in item.fits:
+            _say(fit.line())
+    return rule, planned
+
+
 def run_fidelity(settings: Settings) -> int:
     """Calibrate if needed, run both sides, print and write the table; 0 within, 1 outside."""
     options = settings.engine_options
@@ -429,14 +444,7 @@ def run_fidelity(settings: Settings) -> int:
         limits = _file_limits(profile_path)
     else:
         limits = option_limits(options)
-    try:
-        rule = token_rule("vllm", options)
-        planned = plan(settings, rule, limits.max_model_len)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    for item in planned:
-        for fit in item.fits:
-            _say(fit.line())
+    rule, planned = _planned(settings, limits.max_model_len)
     spec = StackSpec(StackName.ZEROLAYER, engine="vllm", engine_options=options, replicas=1)
     stack, workdir = _stack(Side.VLLM, spec, settings.out)
     with stack:

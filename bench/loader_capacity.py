@@ -7,7 +7,8 @@ they would in a laptop run. On a shared machine other processes preempt the load
 milliseconds at a time, which shows as lag at any rate; so each rate runs --repeats times and
 the best run counts (noise only ever adds lag), while every run is printed and saved, so the
 spread between repeats shows how noisy the figures were. Each run also reports CPU per request:
-the native loader's own (idle spin turns excluded) and the replica process's (from psutil).
+the native loader's own (idle spin turns excluded) and the replica process's (psutil, through
+``harness.telemetry.process``). A table of each rate's best and worst p99 lag ends the run.
 Every loader goes through the one Loader interface against a stack from the one stand-up path:
 k6 gets the replica over TLS (HTTP/2), k6-http1 the same k6 over plaintext HTTP/1.1 (k6's own
 ceiling without the replica's TLS cost).
@@ -26,8 +27,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-import psutil
-
 from harness.errors import UsageError
 from harness.loaders import needs_tls
 from harness.loaders.base import Loader, LoadResult
@@ -37,11 +36,20 @@ from harness.loaders.native import NativeLoader
 from harness.metrics import LAG_LIMIT_MS
 from harness.profile import Profile, load_profile
 from harness.stacks import StackName, StackSpec, stand_up
+from harness.tables import Align, Column, text_table
+from harness.telemetry.process import cpu_spent, read_cpu
 from harness.workload import build_schedule
 
 K6_CLOCK_RESOLUTION_MS: Final = 1.0
 CAPACITY_LOADERS: Final = ("native", "k6", "k6-http1", "locust")
 CAPACITY_PROFILE: Final = "capacity"
+LAG_COLUMNS: Final = (
+    Column("loader", align=Align.LEFT),
+    Column("rate/s"),
+    Column("runs"),
+    Column("best p99 lag ms"),
+    Column("worst p99 lag ms"),
+)
 
 
 @dataclass(frozen=True)
@@ -136,15 +144,15 @@ def _measure_loader(loader: str, settings: Settings, workdir: Path) -> list[dict
     spec = StackSpec(StackName.ZEROLAYER, engine="null", replicas=1, tls=tls)
     rows = []
     with stand_up(spec, workdir / f"stack-{loader}") as stack:
-        proc = psutil.Process(stack.pids()["replica"][0])
+        replica = stack.pids()["replica"][:1]
         for rate, repeat in itertools.product(settings.rates, range(settings.repeats)):
             profile = profile_at(rate, settings.seconds, settings.max_tokens)
             run_dir = workdir / f"{loader}-{rate:g}-{repeat}"
-            cpu0 = sum(proc.cpu_times()[:2])
+            before = read_cpu(replica)
             result = loader_for(loader, rate).run(
                 build_schedule(profile), stack, profile, run_dir / "requests.jsonl", run_dir
             )
-            replica_cpu = sum(proc.cpu_times()[:2]) - cpu0
+            replica_cpu = sum(p.seconds for p in cpu_spent(before, read_cpu(replica)).values())
             row = {**_row(loader, rate, result), "repeat": repeat}
             row["replica_cpu_us"] = replica_cpu / max(1, row["scheduled"]) * 1e6
             _print_row(row)
@@ -159,15 +167,21 @@ def measure(settings: Settings, workdir: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _lag_cells(loader: str, rate: float, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line of the lag table: the best and worst p99 lag of a loader's runs at a rate."""
+    runs = [r for r in rows if r["loader"] == loader and r["rate"] == rate]
+    lags = [r["p99_lag_ms"] for r in runs if r["p99_lag_ms"] is not None]
+    best, worst = _ms(min(lags, default=None)), _ms(max(lags, default=None))
+    return [loader, f"{rate:.0f}", str(len(runs)), best, worst]
+
+
 def _print_verdicts(settings: Settings, rows: Sequence[dict[str, Any]]) -> None:
+    """The p99 lag of every loader and rate over its runs, then each loader's highest rate."""
+    body = [
+        _lag_cells(loader, rate, rows) for loader in settings.loaders for rate in settings.rates
+    ]
+    print(text_table(LAG_COLUMNS, body))
     for loader in settings.loaders:
-        for rate in settings.rates:
-            runs = [r for r in rows if r["loader"] == loader and r["rate"] == rate]
-            lags = [r["p99_lag_ms"] for r in runs if r["p99_lag_ms"] is not None]
-            print(
-                f"{loader} {rate:.0f}/s p99 lag over {len(runs)} runs: "
-                f"best {_ms(min(lags, default=None))} worst {_ms(max(lags, default=None))} ms"
-            )
         ok = [r["rate"] for r in rows if r["loader"] == loader and r["sustained"]]
         print(f"{loader}: highest sustained rate {max(ok) if ok else 0:.0f} req/s")
 

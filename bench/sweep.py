@@ -23,36 +23,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from bench.run import (
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    RunConfig,
-    RunDir,
-    Telemetry,
-    add_stack_arguments,
-    capacity_preflight,
-    check_external,
-    choose_token_rule,
-    config_from,
-    drive,
-    host_line,
-    load_profiles,
-    loader_nice,
-    make_credentials,
-    render,
-    row_outcome,
-    say,
-    schedule_for,
-    stop_signals,
-    warm,
-)
+from bench.report.console import render
+from bench.stack_options import add_stack_arguments, config_from
 from harness import curves, schema
 from harness.capacity import Capacity
 from harness.errors import UsageError
 from harness.metrics import Slo
 from harness.profile import PROFILES, Profile, WorkloadSource, resolve_name
-from harness.schema import RunEnd, SummaryRow, SweepSection
-from harness.stacks import Stack, StackName, stand_up
+from harness.runner.config import (
+    RunConfig,
+    capacity_preflight,
+    check_external,
+    choose_token_rule,
+    load_profiles,
+)
+from harness.runner.console import row_outcome, say
+from harness.runner.drive import LoadPhase, measure, schedule_for
+from harness.runner.ending import until_stopped
+from harness.runner.results import RunDir, host_line, open_run
+from harness.runner.sampling import Telemetry, sampling
+from harness.runner.stack import stack_session
+from harness.schema import SummaryRow, SweepSection
+from harness.stacks import Stack, StackName
+from harness.tables import Align, Column, text_table
 from serving.cliargs import open_fraction, positive_float, positive_int
 
 GRID_STEP: Final = 1.5
@@ -153,6 +146,22 @@ class Sweeper:
         self.config, self.profile, self.run, self.tele = config, profile, run, tele
         self.base_seed = profile.seed
 
+    def load(self, stack: Stack, rate: float, repeat: int, records: str) -> LoadPhase:
+        """Repeat ``repeat`` at ``rate``: the profile at that rate, seeded for the repeat, its
+        requests into ``records`` (relative to the run directory)."""
+        profile = self.profile.at_rate(rate, seed=self.base_seed + repeat)
+        name = f"{stack.name}/{profile.name}@{rate:g}#{repeat}"
+        return LoadPhase(
+            name=name,
+            profile=profile,
+            schedule=schedule_for(
+                profile, self.run.rule, self.config.run.engine_options, run_tag=f"r{repeat}"
+            ),
+            records=self.run.path / records,
+            workdir=self.run.path / "loader" / name.replace("/", "-"),
+            tags={"rate": rate},
+        )
+
     def point(self, stack: Stack, state: StackSweep, rate: float) -> list[SummaryRow]:
         """Every repeat at ``rate``; each row is saved as soon as it is measured."""
         section = self.run.sweep
@@ -160,28 +169,10 @@ class Sweeper:
         index = len({p.offered_rate for p in state.points})
         rows = []
         for repeat in range(self.profile.sweep_repeats):
-            profile = self.profile.at_rate(rate, seed=self.base_seed + repeat)
-            schedule = schedule_for(
-                profile, self.run.rule, self.config.run.engine_options, run_tag=f"r{repeat}"
+            records = schema.point_file(stack.name, self.profile.name, rate, repeat)
+            row = measure(
+                self.load(stack, rate, repeat, records), stack, self.config.run, self.tele
             )
-            records = schema.point_file(stack.name, profile.name, rate, repeat)
-            phase = f"{stack.name}/{profile.name}@{rate:g}#{repeat}"
-            before = self.tele.last_reads(stack)
-            self.tele.phases.begin(phase, stack=stack.name, profile=profile.name, rate=rate)
-            try:
-                row = drive(
-                    self.config.run.loader,
-                    self.config.run.quiet,
-                    schedule,
-                    stack,
-                    profile,
-                    self.run.path / records,
-                    self.run.path / "loader" / phase.replace("/", "-"),
-                )
-            finally:
-                self.tele.phases.end()
-            cache = self.tele.prefix_cache(stack, phase, before, row.completed)
-            row.prefix_cache = cache.to_dict()
             row.repeat, row.point, row.records_file = repeat, index, records
             rows.append(row)
             state.points.append(row)
@@ -224,12 +215,12 @@ def summarise(section: SweepSection, states: Sequence[StackSweep], slos: Sequenc
     for state in states:
         section.stacks[state.name] = {
             "stopped": state.stopped,
-            "headline": {k: v.to_dict() for k, v in curves.headline(state.points, slos).items()},
+            "headline": schema.to_data(curves.headline(state.points, slos)),
             "host_saturated_rates": host_saturated_rates(state.points),
         }
-    section.added_latency = curves.added_latency(
-        section.points, section.added_latency_bound_ms
-    ).to_dict()
+    section.added_latency = schema.to_data(
+        curves.added_latency(section.points, section.added_latency_bound_ms)
+    )
 
 
 def host_saturated_rates(points: Sequence[SummaryRow]) -> list[float]:
@@ -247,10 +238,10 @@ def headline_table(section: SweepSection) -> str:
     """The headline figures as text, one stack per block."""
     lines = [
         f"sweep of {section.profile} ({section.mode}, {section.repeats} repeat(s) per rate); "
-        f"SLOs: {', '.join(str(Slo.from_dict(s)) for s in section.slos) or 'none'}"
+        f"SLOs: {', '.join(str(schema.from_data(Slo, s)) for s in section.slos) or 'none'}"
     ]
     for name, data in section.stacks.items():
-        figures = {k: curves.Interval.from_dict(v) for k, v in data["headline"].items()}
+        figures = schema.from_data(dict[str, curves.Interval], data["headline"])
         lines.append(
             f"{name:<10} max goodput {figures['max_goodput'].text('.2f', 'req/s')}; "
             f"knee {figures['knee'].text('.2f', 'req/s')}; "
@@ -266,7 +257,7 @@ def headline_table(section: SweepSection) -> str:
             )
     added = section.added_latency
     if added and {curves.ZEROLAYER, curves.BASELINE} <= set(section.stacks):
-        rate = curves.Interval.from_dict(added["rate"])
+        rate = schema.from_data(curves.Interval, added["rate"])
         lines.append(
             f"baseline's median E2EL passes the zero-layer's + {added['bound_ms']:g} ms at "
             f"{rate.text('.2f', 'req/s')}"
@@ -274,24 +265,26 @@ def headline_table(section: SweepSection) -> str:
     return "\n".join(lines)
 
 
+POINT_COLUMNS: Final = (
+    Column("stack", align=Align.LEFT, width=10),
+    *(Column(h, width=w) for h, w in (("rate", 7), ("rep", 3), ("done", 5), ("err", 4),
+      ("lost", 4), ("TTFT p99", 9), ("E2EL p50", 9), ("E2EL p99", 9), ("good/s", 7),
+      ("req/s", 7), ("SLO", 4), ("host%", 5))),
+    Column("note", align=Align.LEFT),
+)  # fmt: skip
+
+
 def points_table(section: SweepSection) -> str:
     """Every point as text, stack by stack, in rate order."""
-    head = (
-        f"{'stack':<10} {'rate':>7} {'rep':>3} {'done':>5} {'err':>4} {'lost':>4} "
-        f"{'TTFT p99':>9} {'E2EL p50':>9} {'E2EL p99':>9} {'good/s':>7} {'req/s':>7} "
-        f"{'SLO':>4} {'host%':>5} note"
-    )
-    lines = [head, "-" * len(head)]
-    for name in dict.fromkeys(p.stack for p in section.points):
-        for p in section.stack_points(name):
-            lines.append(
-                f"{p.stack:<10} {p.offered_rate:>7.2f} {p.repeat:>3} {p.completed:>5} "
-                f"{p.errors:>4} {p.lost:>4} {_ms(p.stat('p99_ttft_ms')):>9} "
-                f"{_ms(p.stat('median_e2el_ms')):>9} {_ms(p.stat('p99_e2el_ms')):>9} "
-                f"{p.request_goodput:>7.2f} {p.request_throughput:>7.2f} "
-                f"{_slo_cell(p):>4} {_ms(p.host_cpu_pct, '.0f'):>5} {_note(p)}"
-            )
-    return "\n".join(lines)
+    body = [
+        [p.stack, f"{p.offered_rate:.2f}", str(p.repeat), str(p.completed), str(p.errors),
+         str(p.lost), _ms(p.stat("p99_ttft_ms")), _ms(p.stat("median_e2el_ms")),
+         _ms(p.stat("p99_e2el_ms")), f"{p.request_goodput:.2f}", f"{p.request_throughput:.2f}",
+         _slo_cell(p), _ms(p.host_cpu_pct, ".0f"), _note(p)]
+        for name in dict.fromkeys(p.stack for p in section.points)
+        for p in section.stack_points(name)
+    ]  # fmt: skip
+    return text_table(POINT_COLUMNS, body, rule=True)
 
 
 def _ms(value: float | None, spec: str = ".1f") -> str:
@@ -324,25 +317,14 @@ def _rates(config: SweepConfig, profile: Profile, capacity: Capacity) -> list[fl
 def _run_stack(
     name: StackName, sweeper: Sweeper, rates: Sequence[float], states: list[StackSweep]
 ) -> None:
-    config = sweeper.config
-    spec = config.run.spec(name, sweeper.run.credentials)
-    say(f"standing up {name} ({config.run.engine} engine, {config.run.replicas} replicas)")
-    with stand_up(spec, sweeper.run.path / f"stack-{name}") as stack:
-        sweeper.run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
-        sweeper.run.save()
-        if not stack.external:
-            warm(stack)
-        sweeper.tele.watch(stack)
+    """Stand one stack up, sweep it (the grid, or bisection), tear it down."""
+    with stack_session(name, sweeper.config.run, sweeper.run, sweeper.tele) as stack:
         state = StackSweep(name.value)
         states.append(state)
-        try:
-            if config.adaptive:
-                sweeper.adaptive(stack, state, rates[0], rates[-1])
-            else:
-                sweeper.grid(stack, state, rates)
-        finally:
-            say(f"tearing down {name}")
-            sweeper.tele.unwatch(stack)
+        if sweeper.config.adaptive:
+            sweeper.adaptive(stack, state, rates[0], rates[-1])
+        else:
+            sweeper.grid(stack, state, rates)
 
 
 def _finish(
@@ -372,16 +354,12 @@ def sweep(config: SweepConfig) -> int:
     check_external(config.run)
     capacity = capacity_preflight([profile], config.run)[profile.name]
     rates = _rates(config, profile, capacity)
-    rule = choose_token_rule(config.run, [profile])
-    run = RunDir(config.run, kind="sweep", rule=rule)
-    if config.run.auth:
-        run.credentials = make_credentials([profile], run.path)
-    run.meta.loader_nice = loader_nice()
+    run = open_run(config.run, [profile], choose_token_rule(config.run, [profile]), kind="sweep")
     run.sweep = SweepSection(
         profile=profile.name,
         scale=config.run.scale,
         mode="adaptive" if config.adaptive else "grid",
-        slos=[s.to_dict() for s in profile.slos],
+        slos=schema.to_data(list(profile.slos)),
         rates=list(rates),
         repeats=profile.sweep_repeats,
         resolution=config.resolution if config.adaptive else None,
@@ -399,32 +377,21 @@ def sweep(config: SweepConfig) -> int:
 def _execute(config: SweepConfig, profile: Profile, rates: Sequence[float], run: RunDir) -> int:
     assert run.sweep is not None
     states: list[StackSweep] = []
-    tele = Telemetry(run, config.run.telemetry_interval_s)
-    sweeper = Sweeper(config, profile, run, tele)
-    status, terminated = 0, list[int]()
     started = time.monotonic()
     try:
-        with stop_signals(terminated):
-            run.meta.telemetry = tele.start()
+        with until_stopped(run) as ending, sampling(run, config.run.telemetry_interval_s) as tele:
+            sweeper = Sweeper(config, profile, run, tele)
             for name in config.run.stacks:
                 _run_stack(name, sweeper, rates, states)
-        run.finish(RunEnd.COMPLETE)
-    except KeyboardInterrupt:
-        end, status = (
-            (RunEnd.SIGTERM, EXIT_TERMINATED) if terminated else (RunEnd.SIGINT, EXIT_INTERRUPTED)
-        )
-        say(f"{'stopped' if terminated else 'interrupted'}: keeping the points measured")
-        run.finish(end, f"{'stopped' if terminated else 'interrupted'} by {end.value.upper()}")
-    except BaseException as exc:
-        run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")
+    except BaseException:
         _finish(run, run.sweep, states, profile.slos)
         raise
-    finally:
-        tele.stop()
+    if ending.stopped:
+        say(f"{ending.verb}: keeping the points measured")
     _finish(run, run.sweep, states, profile.slos)
     say(f"sweep took {time.monotonic() - started:.0f} s")
     render(run)
-    return status
+    return ending.status
 
 
 def _rate_list(text: str) -> tuple[float, ...]:

@@ -13,10 +13,10 @@ import orjson
 from hpack import Encoder
 
 from serving.wire.hpackenc import LiteralEncoder
+from zerolayer.client.codec import prepare
 from zerolayer.client.ring import HashRing
 from zerolayer.client.stream import Response
 from zerolayer.client.timing import Timing
-from zerolayer.client.wire import prepare
 
 PROMPT = "x" * 1024
 PREFIX = [

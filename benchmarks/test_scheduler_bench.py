@@ -1,4 +1,4 @@
-"""CPU cost of one admission decision (DESIGN.md: tens of microseconds at most)."""
+"""CPU cost of one admission decision (docs/design.md: tens of microseconds at most)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """CPU cost of the replica's per-request work and of HTTP/2 header decoding, without sockets.
 
 ``test_replica_request_path`` is one request round trip, in one process, between an h2 client
-state machine and a real ``Replica`` + ``H2Handler`` (null engine) behind a transport that only
+state machine and a real ``ReplicaCore`` + ``H2Handler`` (null engine) behind a transport that only
 collects what it is given: the protocol and application CPU of the zero-layer path without the
 sockets (h2 framing both ways, hpack, inbound header validation, admission, the engine call, SSE
 framing); compare with ``zl-bench overhead``'s ``cpu us`` + ``srv us``. The decoder pair
@@ -21,8 +21,8 @@ from hpack import Decoder
 from serving.engine import make_engine
 from serving.wire.hpackdec import FastDecoder
 from serving.wire.hpackenc import LiteralEncoder
-from zerolayer.client.wire import prepare
-from zerolayer.server.core import Replica
+from zerolayer.client.codec import prepare
+from zerolayer.server.core import ReplicaCore
 from zerolayer.server.h2proto import H2Handler
 from zerolayer.server.limits import Limits
 
@@ -74,7 +74,7 @@ def _request_block(i: int) -> list[tuple[bytes, bytes]]:
 
 def test_replica_request_path(benchmark) -> None:
     async def main() -> int:
-        replica = Replica(make_engine("null"), name="bench", limits=Limits(keepalive_s=0))
+        replica = ReplicaCore(make_engine("null"), name="bench", limits=Limits(keepalive_s=0))
         transport = _Transport()
         handler = H2Handler(replica, transport)  # type: ignore[arg-type]
         client = _client()

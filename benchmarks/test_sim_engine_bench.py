@@ -7,7 +7,7 @@ one core the engine's bookkeeping takes when it runs in real time (goal: under 3
 from __future__ import annotations
 
 from serving.engine import EngineRequest, SimConfig, SimEngine
-from serving.engine.tokens import detokenize
+from serving.engine.streams import detokenize
 
 RUNNING = 256
 

@@ -12,7 +12,8 @@ Rollbacks (Chaos Toolkit runs them ``always``): :func:`resume_all`, :func:`heal`
 :func:`restart_replicas` (a killed zero-layer replica, on its port), :func:`wait_ready`.
 Each action returns a small dict for the journal: which processes or replicas it touched and
 when, so ``chaos.recovery`` can tell the fault's start and its intended blast radius.
-Every provider takes Chaos Toolkit's ``configuration`` to find the target file.
+Every provider takes Chaos Toolkit's ``configuration`` to find the target file, and asks the
+target's stack kind (``harness.stacks``) whatever differs between stacks.
 """
 
 from __future__ import annotations
@@ -27,14 +28,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
 from chaos import netproxy
 from chaos.targets import Target, load_target, target_path, write_target
-from harness.stacks import BASELINE_ROLES, client_for, kill_tree, spawn_replica
+from harness.stacks.clients import client_for
+from harness.stacks.processes import kill_tree
+from harness.stacks.registry import stack_kind
+from harness.stacks.spec import StackName
+from harness.stacks.stack import Fault, Restore
 from zerolayer.client.sdk import split_url
+
+if TYPE_CHECKING:
+    from zerolayer.client import Http1Client, ZeroLayerClient
 
 ABSENT: Final = "absent"
 READY_POLL_S: Final = 0.1
@@ -57,30 +65,18 @@ def alive(pid: int) -> bool:
 
 
 def live_pids(target: Target) -> dict[str, list[int]]:
-    """Process ids by role now: the baseline asks Ray's GCS when this process is attached to
+    """Process ids by role now: asked of the stack's cluster when this process is attached to
     it (Serve replaces actors it loses, with new pids); otherwise the target file's, alive."""
-    if target.stack == "baseline":
-        with contextlib.suppress(ImportError):
-            import ray
-
-            if ray.is_initialized():
-                return baseline_pids(target.baseline_app)
+    found = target.kind.cluster_pids()
+    if found is not None:
+        return found
     return {role: [p for p in pids if alive(p)] for role, pids in target.pids.items()}
 
 
 def baseline_pids(app: str) -> dict[str, list[int]]:
-    """The baseline's processes by chaos role, asked of Ray's GCS (``app``: ``orchestrator`` or
-    ``llm``). Ray Serve LLM's vLLM engine cores are left out: each is its replica actor's child,
-    killed and replaced with it, so ``engine`` counts replicas on both baselines."""
-    if app == "llm":
-        from baselines.rayserve_llm.standup import llm_actor_pids as actor_pids
-    else:
-        from baselines.rayserve.standup import serve_actor_pids as actor_pids
-    pids: dict[str, list[int]] = {}
-    for role, found in actor_pids().items():
-        if role != "engine_core":
-            pids.setdefault(BASELINE_ROLES.get(role, role), []).extend(found)
-    return {role: sorted(found) for role, found in pids.items()}
+    """The baseline's processes by chaos role, asked of Ray's GCS (``app``: the Ray Serve app
+    its target file names, ``orchestrator`` or ``llm``); empty when not attached to Ray."""
+    return stack_kind(StackName.BASELINE, app).cluster_pids() or {}
 
 
 def _replica_urls(target: Target, role: str, pid: int) -> list[str]:
@@ -129,7 +125,7 @@ def kill(role: str, index: int = 0, configuration: dict[str, Any] | None = None)
     t_ns = _now_ns()
     killed = kill_tree(pid)
     return {
-        "fault": "kill",
+        "fault": Fault.KILL,
         "role": role,
         "pids": [pid],
         "killed": killed,
@@ -158,7 +154,7 @@ def pause(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     return {
-        "fault": "pause",
+        "fault": Fault.PAUSE,
         "role": role,
         "pids": [pid],
         "urls": _replica_urls(target, role, pid),
@@ -193,7 +189,7 @@ def add_delay(
     """Network delay: the proxy holds every chunk ``delay_ms`` before forwarding it."""
     target = load_target(configuration)
     mode = netproxy.command(_netproxy(target), f"delay {delay_ms} {direction}")
-    return {"fault": "delay", "front": target.netproxy_front, "urls": [target.netproxy_url],
+    return {"fault": Fault.DELAY, "front": target.netproxy_front, "urls": [target.netproxy_url],
             "mode": mode, "t_ns": mode["since_ns"]}  # fmt: skip
 
 
@@ -201,7 +197,7 @@ def partition(kind: str = "drop", configuration: dict[str, Any] | None = None) -
     """Network partition: the proxy black-holes (``drop``) or resets (``refuse``) its traffic."""
     target = load_target(configuration)
     mode = netproxy.command(_netproxy(target), f"partition {kind}")
-    return {"fault": "partition", "front": target.netproxy_front, "urls": [target.netproxy_url],
+    return {"fault": Fault.PARTITION, "front": target.netproxy_front, "urls": [target.netproxy_url],
             "mode": mode, "t_ns": mode["since_ns"]}  # fmt: skip
 
 
@@ -232,7 +228,7 @@ def cpu_stress(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return {"fault": "cpu_stress", "workers": workers, "pids": [p.pid for p in procs],
+    return {"fault": Fault.CPU_STRESS, "workers": workers, "pids": [p.pid for p in procs],
             "t_ns": t_ns, "end_ns": _now_ns()}  # fmt: skip
 
 
@@ -271,21 +267,26 @@ def _wait_listening(
 def restart_replicas(
     timeout_s: float = LISTEN_TIMEOUT_S, configuration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Rollback for a zero-layer kill: start every dead replica again on its own port.
+    """Rollback for a kill on a stack whose parts come back by command (the zero-layer): start
+    every dead replica again on its own port.
 
     The new pid goes into the target file (the stand-up owns and later stops it). The baseline
     needs no such step: Serve's controller replaces lost actors itself (see :func:`wait_ready`).
     """
     path = target_path(configuration)
     target = load_target(configuration)
+    kind = target.kind
     restarted: list[dict[str, Any]] = []
+    if kind.restore is not Restore.BY_COMMAND:
+        return {"restarted": restarted, "t_ns": _now_ns()}
     for spec in target.replicas:
         if alive(spec.pid):
             continue
-        proc = spawn_replica(spec.command, spec.log_path or os.devnull)
-        old, spec.pid = spec.pid, proc.pid
-        target.pids["replica"] = [p if p != old else proc.pid for p in target.pids["replica"]]
-        restarted.append({"url": spec.url, "old_pid": old, "pid": proc.pid})
+        pid = kind.restart(spec.command, spec.log_path or os.devnull)
+        old, spec.pid = spec.pid, pid
+        role = target.pids[kind.engine_role]
+        target.pids[kind.engine_role] = [p if p != old else pid for p in role]
+        restarted.append({"url": spec.url, "old_pid": old, "pid": pid})
     if restarted:
         write_target(path, target)
     deadline = time.monotonic() + timeout_s
@@ -296,10 +297,7 @@ def restart_replicas(
 
 
 def _ready(target: Target) -> bool:
-    if target.stack == "zerolayer":
-        return all(alive(s.pid) for s in target.replicas)
-    pids = live_pids(target)
-    return len(pids.get("engine", [])) >= target.engine_replicas and bool(pids["orchestrator"])
+    return target.kind.is_whole(live_pids(target), target.engine_replicas)
 
 
 def wait_ready(
@@ -323,10 +321,22 @@ def wait_ready(
     )
     if not healthy:
         raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
-    if target.stack == "baseline":
+    if target.kind.restore is Restore.BY_CONTROLLER:  # the controller's replacements: new pids
         target.pids = live_pids(target)
         write_target(path, target)
     return {"ready": True, "waited_s": round(time.monotonic() - start, 3), "pids": target.pids}
+
+
+def _pressure_client(target: Target, index: int) -> tuple[str, ZeroLayerClient | Http1Client]:
+    """(URL, client) for KV pressure: where the client routes, straight to the ``index``-th
+    replica with no retries elsewhere; otherwise the front door."""
+    tls_ca = Path(target.tls_ca) if target.tls_ca else None
+    key = target.default_api_key
+    if not target.kind.client_routes:
+        url = target.load_urls[0]
+        return url, client_for("http1", [url], tls_ca, api_key=key)
+    url = target.replicas[index % len(target.replicas)].url
+    return url, client_for("h2", [url], tls_ca, max_retries=0, health_interval_s=0, api_key=key)
 
 
 async def _pressure(
@@ -343,15 +353,7 @@ async def _pressure(
     from zerolayer.client import ZeroLayerError
 
     session = f"kv-pressure-{index}"
-    tls_ca = Path(target.tls_ca) if target.tls_ca else None
-    if target.stack == "zerolayer":
-        url = target.replicas[index % len(target.replicas)].url
-        client = client_for(
-            "h2", [url], tls_ca, max_retries=0, health_interval_s=0, api_key=target.default_api_key
-        )
-    else:
-        url = target.load_urls[0]
-        client = client_for("http1", [url], tls_ca, api_key=target.default_api_key)
+    url, client = _pressure_client(target, index)
     outcomes: dict[str, int] = {}
 
     async def one(i: int) -> None:
@@ -398,6 +400,6 @@ def kv_pressure(
     result = asyncio.run(
         _pressure(target, index, requests, prompt_tokens, max_tokens, hold_s, deadline_ms)
     )
-    urls = [result["url"]] if target.stack == "zerolayer" else []
-    return {"fault": "kv_pressure", "role": target.engine_role, "urls": urls, "t_ns": t_ns,
+    urls = [result["url"]] if target.kind.client_routes else []
+    return {"fault": Fault.KV_PRESSURE, "role": target.engine_role, "urls": urls, "t_ns": t_ns,
             "end_ns": _now_ns(), **result}  # fmt: skip

@@ -29,7 +29,8 @@ from typing import Any, Final, overload
 from chaos.actions import live_pids
 from chaos.targets import Target, load_target
 from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
-from harness.loaders.native import client_sender, run_schedule
+from harness.loaders.native import run_schedule
+from harness.loaders.senders import client_sender
 from harness.profile import Profile, load_profile
 from harness.schema import JsonlWriter
 from harness.stacks import Credentials, client_for

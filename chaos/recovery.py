@@ -1,6 +1,6 @@
 """Recovery metrics for one experiment, from the request log and the Chaos Toolkit journal.
 
-Definitions (DESIGN.md, "Chaos"), with the SLI of ``chaos.probes`` evaluated every ``step_s``:
+Definitions (docs/design.md, "Chaos"), with the SLI of ``chaos.probes`` evaluated every ``step_s``:
 
 - fault start: when the method's first action acted (its own ``t_ns``; else the journal start);
 - time to detect: from the fault start to the first moment the rolling SLI is below target
@@ -13,8 +13,10 @@ Definitions (DESIGN.md, "Chaos"), with the SLI of ``chaos.probes`` evaluated eve
 - blast radius: the share of those requests that were bad, and the share of engine replicas
   affected: those the fault acted on (every one, when it hit a component all traffic passes
   through, such as the orchestrator or the front door) plus those that served a bad request,
-  where the client can see which replica answered (the zero-layer SDK can; behind the
-  baseline's front door the client cannot).
+  where the client can see which replica answered (where the client routes, as the zero-layer
+  SDK does; behind the baseline's front door the client cannot).
+
+What differs between stacks is asked of the target's stack kind (``Target.kind``).
 
 The fault window runs from the fault start to recovery (or, when the SLI never broke, to the
 end of the method).
@@ -31,9 +33,12 @@ from typing import Any, Final
 from chaos.probes import NS, SliSeries, Verdict
 from chaos.targets import Target
 from harness.schema import RequestRecord, read_jsonl, read_requests
+from harness.stacks.stack import Fault
 
 STEP_S: Final = 0.05
 FRONT_ROLES: Final = frozenset({"orchestrator", "proxy", "controller"})
+# Faults on the network proxy: in front of a front door, they reach every replica behind it.
+NETWORK_FAULTS: Final = frozenset({Fault.DELAY, Fault.PARTITION})
 
 
 @dataclass
@@ -92,8 +97,9 @@ def fault_window(journal: dict[str, Any]) -> tuple[int, int, str, list[dict[str,
 
 
 def _replica_key(url: str, target: Target) -> str:
-    """The load URL a client saw, mapped to the replica behind it (the proxy's upstream)."""
-    if target.netproxy_url and url == target.netproxy_url and target.stack == "zerolayer":
+    """The load URL a client saw, mapped to the replica behind it (the proxy's upstream, where
+    the client routes: the proxy then stands in front of one replica)."""
+    if target.netproxy_url and url == target.netproxy_url and target.kind.client_routes:
         return target.netproxy_front
     return url
 
@@ -103,26 +109,25 @@ def affected_replicas(
 ) -> tuple[set[str], int]:
     """The replicas a fault reached, as keys, and how many engine replicas there are."""
     total = max(1, target.engine_replicas)
+    routes = target.kind.client_routes  # replicas are known by URL, and seen by the client
     everyone = {f"{target.engine_role}-{i}" for i in range(total)}
-    if target.stack == "zerolayer":
+    if routes:
         everyone = {s.url for s in target.replicas}
     hit: set[str] = set()
     for out in outputs:
         fault, role = out.get("fault"), out.get("role", "")
-        if fault in (None, "absent", "cpu_stress"):
+        if fault in (None, "absent", Fault.CPU_STRESS):
             continue
-        if role in FRONT_ROLES:
+        if role in FRONT_ROLES or (fault in NETWORK_FAULTS and not routes):
             return everyone, total
         urls = [_replica_key(u, target) for u in out.get("urls", [])]
-        if target.stack == "baseline" and fault in ("delay", "partition"):
-            return everyone, total
         if urls:
             hit.update(urls)
         else:
             hit.update(f"{target.engine_role}-pid{p}" for p in out.get("pids", [])[:1])
-            if fault == "kv_pressure":
+            if fault == Fault.KV_PRESSURE:
                 hit.add(f"{target.engine_role}-session-{out.get('session', '')}")
-    if target.stack == "zerolayer":
+    if routes:
         hit.update(_replica_key(v.replica, target) for v in bad if v.replica)
     return hit, total
 

@@ -31,6 +31,7 @@ from chaos.targets import ReplicaSpec, Target, read_target, write_target
 from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import SCALES, ChaosSettings, Profile, load_profile
+from harness.runner.sampling import phase
 from harness.schema import CHAOS_DIR, requests_file
 from harness.stacks import (
     LLM_BASELINE_IMPL,
@@ -42,6 +43,7 @@ from harness.stacks import (
     StackSpec,
     stand_up,
 )
+from harness.tables import Align, Column, text_table
 from harness.telemetry import PhaseLog
 from serving.engine import ENGINES
 from serving.engine.options import add_engine_option, validate_engine_options
@@ -237,7 +239,7 @@ def fault_target(stack: Stack, chaos_dir: Path) -> Iterator[Path]:
         raise ValueError(f"chaos needs a stack this run started, not the external {stack.urls}")
     path = chaos_dir / f"target-{stack.name}.json"
     with NetProxy(stack.urls[0].split("://", 1)[1]) as proxy:  # entering starts it
-        build = _zerolayer_target if stack.name is StackName.ZEROLAYER else _baseline_target
+        build = _zerolayer_target if stack.kind.client_routes else _baseline_target
         write_target(path, _with_credentials(build(stack, proxy), stack.credentials))
         try:
             yield path
@@ -260,22 +262,14 @@ def run_profile_d(
     chaos_dir.mkdir(parents=True, exist_ok=True)
     tokens = kv_prompt_tokens(stack.spec, sc)
     rows = []
+    name = f"{stack.name}/{profile.name}"
+    tags = {"stack": stack.name.value, "profile": profile.name}
     with fault_target(stack, chaos_dir) as target_file:
         for path in experiment_paths():
-            if phases is not None:
-                phases.begin(
-                    f"{stack.name}/{profile.name}",
-                    stack=stack.name.value,
-                    profile=profile.name,
-                    experiment=path.stem,
-                )
-            try:
+            with phase(phases, name, **tags, experiment=path.stem):
                 rows.append(run_one(path, stack.name, profile, target_file, chaos_dir, tokens))
                 adopt_restarted(stack, target_file)
                 wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
-            finally:
-                if phases is not None:
-                    phases.end()
     (chaos_dir / f"recovery-{stack.name}.json").write_text(
         json.dumps([r.to_dict() for r in rows], indent=2)
     )
@@ -300,10 +294,7 @@ def table(rows: Sequence[Recovery]) -> str:
             _fmt(r.blast_radius_replicas, ".0%"), f"{r.hypothesis_before}/{r.hypothesis_after}",
             "ok" if r.rollbacks_ok else "FAILED",
         ))  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines
-    )
+    return text_table([Column(h, align=Align.LEFT) for h in head], lines[1:], gap=2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

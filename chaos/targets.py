@@ -3,7 +3,9 @@
 Whoever stands a stack up writes a small JSON file (stack name, the URLs load goes to, process
 ids by role, the zero-layer replicas' restart commands, the network proxy's control address);
 experiments read its path from Chaos Toolkit ``configuration["target_file"]``, so the same
-experiment JSON runs against either stack, started by our runner or by someone else.
+experiment JSON runs against either stack, started by our runner or by someone else. The file
+names the stack as a string; :attr:`Target.kind` maps it to the stack's kind (the registry's
+``stack_kind``) on load, and every provider asks that kind, never the name.
 Roles: ``replica`` (zero-layer engine replica, one process each), ``engine`` (baseline engine
 replica actor), ``orchestrator`` (baseline ingress), ``proxy`` (Serve's HTTP proxy),
 ``controller`` (Serve's controller).
@@ -18,6 +20,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
+
+from harness.stacks.registry import stack_kind
+from harness.stacks.stack import StackKind
 
 ENGINE_ROLES: Final = ("replica", "engine")
 """The roles that run an engine: ``replica`` on the zero-layer stack, ``engine`` on the baseline."""
@@ -78,9 +83,18 @@ class Target:
         None when the stack checks no keys."""
         return next(iter(self.api_keys.values()), None)
 
+    def __post_init__(self) -> None:
+        """A file naming no known stack is refused as it is read (ValueError naming them)."""
+        stack_kind(self.stack, self.baseline_app)
+
+    @property
+    def kind(self) -> StackKind:
+        """The kind of the stack this file names (the baseline's by its ``baseline_app``)."""
+        return stack_kind(self.stack, self.baseline_app)
+
     @property
     def engine_role(self) -> str:
-        return "replica" if self.stack == "zerolayer" else "engine"
+        return self.kind.engine_role
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from scipy import stats as sps
@@ -37,36 +37,13 @@ class Interval:
     equal to ``value`` for one repeat), and each repeat's own figure. ``note`` says why a
     figure is missing or only bounded (e.g. the knee lies beyond the rates swept)."""
 
-    value: float | None
-    low: float | None
-    high: float | None
-    n: int
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
     per_repeat: tuple[float | None, ...] = ()
     confidence: float = CONFIDENCE
     note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "low": self.low,
-            "high": self.high,
-            "n": self.n,
-            "per_repeat": list(self.per_repeat),
-            "confidence": self.confidence,
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Interval:
-        return cls(
-            data.get("value"),
-            data.get("low"),
-            data.get("high"),
-            int(data.get("n", 0)),
-            tuple(data.get("per_repeat") or ()),
-            float(data.get("confidence", CONFIDENCE)),
-            str(data.get("note", "")),
-        )
 
     def text(self, spec: str = ".2f", unit: str = "") -> str:
         """``12.30 [11.90, 12.70] req/s (n=3)``, or the note when there is no value."""
@@ -184,17 +161,6 @@ class RateDelta:
     p50_ms: Interval
     p99_ms: Interval
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate, "p50_ms": self.p50_ms.to_dict(), "p99_ms": self.p99_ms.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RateDelta:
-        return cls(
-            float(data["rate"]),
-            Interval.from_dict(data["p50_ms"]),
-            Interval.from_dict(data["p99_ms"]),
-        )
-
 
 def _paired(
     points: Sequence[SummaryRow], repeat: int, left: str, right: str
@@ -223,21 +189,6 @@ class AddedLatency:
     bound_ms: float
     rate: Interval
     by_rate: tuple[RateDelta, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bound_ms": self.bound_ms,
-            "rate": self.rate.to_dict(),
-            "by_rate": [d.to_dict() for d in self.by_rate],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AddedLatency:
-        return cls(
-            float(data["bound_ms"]),
-            Interval.from_dict(data["rate"]),
-            tuple(RateDelta.from_dict(d) for d in data.get("by_rate") or ()),
-        )
 
 
 def added_latency(

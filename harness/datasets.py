@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from harness.metrics import LengthStats, length_stats
+from harness.metrics import length_stats
 from harness.profile import FILE_SOURCES, WorkloadSource, workload_path
-from harness.tokens import TokenRule
+from harness.schema import LengthStats
+from serving.engine.tokenrules import TokenRule
 from serving.wire.contract import MAX_OUTPUT_TOKENS
 
 if TYPE_CHECKING:

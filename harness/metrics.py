@@ -29,13 +29,13 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from harness.schema import RequestRecord
+from harness.schema import LengthStats, PrefixCacheStats, RequestRecord, TurnStats, to_data
 
 PERCENTILES: Final = (50.0, 90.0, 95.0, 99.0, 99.9)
 SERIES: Final = (
@@ -100,13 +100,6 @@ class Slo:
 
     def __str__(self) -> str:
         return f"{self.series.upper()} {percentile_key(self.percentile)} <= {self.bound_ms:g} ms"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"series": self.series, "percentile": self.percentile, "bound_ms": self.bound_ms}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Slo:
-        return cls(str(data["series"]), float(data["percentile"]), float(data["bound_ms"]))
 
 
 def parse_slo(name: str, bound_ms: Any, percentile: float = DEFAULT_SLO_PERCENTILE) -> Slo:
@@ -340,28 +333,6 @@ LENGTH_PERCENTILES: Final = (10.0, 50.0, 90.0, 99.0)
 TURN_PERCENTILES: Final = (50.0, 90.0, 99.0)
 
 
-@dataclass(frozen=True, slots=True)
-class LengthStats:
-    """A distribution of lengths in tokens: the keys a workload file's own description uses
-    (``count, mean, p10, p50, p90, p99``), so the report sets the two side by side."""
-
-    count: int
-    mean: float | None = None
-    p10: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LengthStats:
-        """From summary.json or a workload description (extra keys there are ignored)."""
-        figures = {f.name: data.get(f.name) for f in fields(cls) if f.name != "count"}
-        return cls(int(data.get("count") or 0), **figures)
-
-
 def length_stats(lengths: Sequence[int]) -> LengthStats:
     """count, mean and numpy's linear p10/p50/p90/p99; no figures (None) for no lengths."""
     if not lengths:
@@ -379,36 +350,6 @@ def input_lengths(records: Iterable[RequestRecord]) -> LengthStats:
 def output_lengths(records: Iterable[RequestRecord]) -> LengthStats:
     """Output tokens of the completed requests (a failed one's count is cut short)."""
     return length_stats([r.output_tokens for r in records if r.outcome == "completed"])
-
-
-@dataclass(frozen=True, slots=True)
-class TurnStats:
-    """One turn number of a multi-turn workload across its sessions: how many requests, how
-    many completed, their TTFT percentiles (None when none completed) and mean prompt length
-    (which grows turn by turn as the history does)."""
-
-    turn: int
-    count: int
-    completed: int
-    p50_ttft_ms: float | None
-    p90_ttft_ms: float | None
-    p99_ttft_ms: float | None
-    mean_prompt_tokens: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TurnStats:
-        return cls(
-            int(data["turn"]),
-            int(data.get("count") or 0),
-            int(data.get("completed") or 0),
-            data.get("p50_ttft_ms"),
-            data.get("p90_ttft_ms"),
-            data.get("p99_ttft_ms"),
-            float(data.get("mean_prompt_tokens") or 0.0),
-        )
 
 
 def _turn_stats(turn: int, records: Sequence[RequestRecord]) -> TurnStats:
@@ -431,47 +372,6 @@ def by_turn(records: Iterable[RequestRecord]) -> list[TurnStats]:
         if r.turn > 0:
             turns.setdefault(r.turn, []).append(r)
     return [_turn_stats(turn, turns[turn]) for turn in sorted(turns)]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixCacheStats:
-    """A stack's prefix cache over one profile, summed over its replicas: prompt tokens looked
-    up (``queries``) and found cached (``hits``), as vLLM counts them, and the requests that
-    completed. ``queries`` None: the stack's engines do not report the counters (an external
-    stack, a loader without engine telemetry, an engine without prefix caching), shown "n/a"."""
-
-    queries: int | None = None
-    hits: int | None = None
-    completed: int = 0
-
-    @property
-    def hit_rate(self) -> float | None:
-        """hits / queries; None without lookups (never a misleading 0 %)."""
-        if not self.queries or self.hits is None:
-            return None
-        return self.hits / self.queries
-
-    @property
-    def prefilled_per_request(self) -> float | None:
-        """Prompt tokens the engines had to prefill, per completed request."""
-        if not self.queries or self.hits is None or not self.completed:
-            return None
-        return (self.queries - self.hits) / self.completed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "queries": self.queries,
-            "hits": self.hits,
-            "completed": self.completed,
-            "hit_rate": self.hit_rate,
-            "prefilled_tokens_per_request": self.prefilled_per_request,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> PrefixCacheStats:
-        if not data:
-            return cls()
-        return cls(data.get("queries"), data.get("hits"), int(data.get("completed") or 0))
 
 
 PREFIX_COUNTERS: Final = ("prefix_cache_queries", "prefix_cache_hits")
@@ -511,7 +411,8 @@ def summarize(
     slos: Sequence[Slo] = (),
     lag_fraction: float = LAG_FRACTION_OF_MEDIAN,
 ) -> dict[str, Any]:
-    """The summary of one (stack, profile, loader) run: every metric key this suite reports."""
+    """The summary of one (stack, profile, loader) run: every metric key this suite reports, as
+    summary.json's flat row holds them (``schema.from_data(SummaryRow, ...)`` reads it typed)."""
     outcomes = Counter(r.outcome for r in records)
     errors_by_code = Counter(
         r.error_code or f"http_{r.http_status}" for r in records if r.outcome == "error"
@@ -545,7 +446,7 @@ def summarize(
     out["loader_limited"] = lag_reason(out, lag_fraction=lag_fraction) is not None
     out["saturation_reasons"] = saturation(records)
     out["saturated"] = bool(out["saturation_reasons"])
-    out["input_lens"] = input_lengths(records).to_dict()
-    out["output_lens"] = output_lengths(records).to_dict()
-    out["by_turn"] = [t.to_dict() for t in by_turn(records)]
+    out["input_lens"] = to_data(input_lengths(records))
+    out["output_lens"] = to_data(output_lengths(records))
+    out["by_turn"] = to_data(by_turn(records))
     return out

@@ -463,17 +463,23 @@ def _slos(where: str, raw: dict[str, Any]) -> tuple[Slo, ...]:
     return tuple(slos)
 
 
-def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = None) -> Profile:
-    """Validate a raw profile and resolve it at ``scale``; ``seed`` overrides the file's."""
+def _scale_section(raw: dict[str, Any], scale: str) -> dict[str, Any]:
+    """The profile's ``[scales.<scale>]`` table, checked for unknown keys."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
     name = raw.get("name", "")
     scales = raw.get("scales", {})
     if scale not in scales:
         raise ValueError(f"profile {name!r} has no scale {scale!r}")
-    sc = scales[scale]
+    sc: dict[str, Any] = scales[scale]
     _unknown(f"{name} scale {scale}", sc, _SCALE_KEYS)
-    defaults = raw.get("defaults", {})
+    return sc
+
+
+def _classes(raw: dict[str, Any], sc: dict[str, Any], scale: str) -> tuple[RequestClass, ...]:
+    """The ``[[classes]]``, each with the scale's overrides applied (an override's prompt size,
+    in bytes or tokens, replaces the class's either way)."""
+    name = raw.get("name", "")
     overrides = sc.get("classes", {})
     raw_classes = raw.get("classes", [])
     if not raw_classes:
@@ -491,28 +497,50 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         if over.keys() & {"prompt_bytes", "prompt_tokens"}:
             base.pop("prompt_bytes", None)
             base.pop("prompt_tokens", None)
-        classes.append(_request_class({**base, **over}, defaults))
-    arrival = raw.get("arrival", {})
-    _unknown(f"{name} arrival", arrival, {"process", "burstiness"})
+        classes.append(_request_class({**base, **over}, raw.get("defaults", {})))
+    return tuple(classes)
+
+
+def _arrival(raw: dict[str, Any]) -> dict[str, Any]:
+    """``[arrival]``, checked: its process is one of ``ARRIVALS``."""
+    arrival: dict[str, Any] = raw.get("arrival", {})
+    _unknown(f"{raw.get('name', '')} arrival", arrival, {"process", "burstiness"})
     process = arrival.get("process", "constant")
     if process not in ARRIVALS:
         raise ValueError(f"arrival process must be one of {ARRIVALS}, got {process!r}")
+    return arrival
+
+
+def _fault(raw: dict[str, Any], sc: dict[str, Any], scale: str, duration: float) -> Fault | None:
+    """``[fault]`` with the scale's overrides; it must end before the load does."""
+    if "fault" not in raw:
+        return None
+    name = raw.get("name", "")
+    f = _merge(raw["fault"], sc.get("fault", {}))
+    _unknown(f"{name} fault", f, {"kind", "start_s", "duration_s"})
+    fault = Fault(
+        kind=str(f["kind"]),
+        start_s=float(f.get("start_s", 0.0)),
+        duration_s=_positive(f"{name} fault duration_s", f.get("duration_s", 1.0)),
+    )
+    if fault.start_s + fault.duration_s > duration:
+        raise ValueError(f"{name} {scale}: the fault ends after the load does")
+    return fault
+
+
+def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = None) -> Profile:
+    """Validate a raw profile and resolve it at ``scale``; ``seed`` overrides the file's."""
+    sc = _scale_section(raw, scale)
+    name = raw.get("name", "")
+    defaults = raw.get("defaults", {})
+    classes = _classes(raw, sc, scale)
+    arrival = _arrival(raw)
     rate = _positive(f"{name} {scale} rate", sc.get("rate"))
     duration = _positive(f"{name} {scale} duration_s", sc.get("duration_s"))
     max_requests = _positive(
         f"{name} {scale} max_requests", sc.get("max_requests", math.ceil(rate * duration)), int
     )
-    fault = None
-    if "fault" in raw:
-        f = _merge(raw["fault"], sc.get("fault", {}))
-        _unknown(f"{name} fault", f, {"kind", "start_s", "duration_s"})
-        fault = Fault(
-            kind=str(f["kind"]),
-            start_s=float(f.get("start_s", 0.0)),
-            duration_s=_positive(f"{name} fault duration_s", f.get("duration_s", 1.0)),
-        )
-        if fault.start_s + fault.duration_s > duration:
-            raise ValueError(f"{name} {scale}: the fault ends after the load does")
+    fault = _fault(raw, sc, scale, duration)
     chaos = None
     if "chaos" in raw or "chaos" in sc:
         chaos = _chaos(f"{name} {scale} chaos", _merge(raw.get("chaos", {}), sc.get("chaos", {})))
@@ -528,9 +556,9 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         duration_s=duration,
         max_requests=max_requests,
         connections=_positive(f"{name} {scale} connections", sc.get("connections", 64), int),
-        process=process,
+        process=arrival.get("process", "constant"),
         burstiness=_positive(f"{name} burstiness", arrival.get("burstiness", 1.0)),
-        classes=tuple(classes),
+        classes=classes,
         sessions=_positive(f"{name} sessions", defaults.get("sessions", 64), int),
         tenants=tuple(str(t) for t in tenants) or ("default",),
         seed=int(seed if seed is not None else sc.get("seed", 0)),

@@ -34,8 +34,8 @@ from harness.datasets import (
 )
 from harness.metrics import length_stats
 from harness.profile import Profile, RequestClass, WorkloadSource, workload_path
-from harness.tokens import BYTES_RULE, TokenRule
-from serving.engine.tokens import detokenize, token_ids
+from serving.engine.streams import detokenize, token_ids
+from serving.engine.tokenrules import BYTES_RULE, TokenRule
 from serving.wire.tokens import BYTES_PER_TOKEN, count_prompt_tokens
 
 
@@ -84,8 +84,8 @@ class PlannedRequest:
 
     A synthetic request's prompt is made from its id and ``prompt_bytes``; a request of a
     dataset, trace or session workload carries its prompt in ``text`` and its length under the
-    schedule's token rule in ``tokens`` (``harness.tokens``). ``turn`` is its place in its
-    session (1, 2, ...), 0 where the workload has no turns.
+    schedule's token rule in ``tokens`` (``serving.engine.tokenrules``). ``turn`` is its place in
+    its session (1, 2, ...), 0 where the workload has no turns.
     """
 
     index: int
@@ -129,6 +129,7 @@ class _LazySchedule(Sequence[PlannedRequest]):
     """A schedule that keeps arrays and builds each request when it is asked for."""
 
     offsets: np.ndarray
+    rule: TokenRule
 
     def __init__(self, profile: Profile, run_tag: str) -> None:
         self.profile = profile
@@ -165,6 +166,37 @@ class _LazySchedule(Sequence[PlannedRequest]):
             self._shared[key] = rule.text(tokens, seed)
         return self._shared[key]
 
+    def text_request(
+        self,
+        i: int,
+        cls: RequestClass,
+        text: str,
+        *,
+        max_tokens: int,
+        seed: int,
+        session: str,
+        tenant: str,
+        turn: int = 0,
+    ) -> PlannedRequest:
+        """Request ``i`` of class ``cls`` that carries its own prompt ``text``, sized in bytes
+        and under the schedule's token rule."""
+        return PlannedRequest(
+            index=i,
+            request_id=self.request_id(i),
+            offset_s=float(self.offsets[i]),
+            request_class=cls.name,
+            prompt_bytes=len(text.encode()),
+            max_tokens=max_tokens,
+            seed=seed,
+            session=session,
+            tenant=tenant,
+            priority=cls.priority,
+            deadline_ms=cls.deadline_ms,
+            turn=turn,
+            text=text,
+            tokens=self.rule.count(text),
+        )
+
     def request_id(self, i: int) -> str:
         tag = f"{self.run_tag}-" if self.run_tag else ""
         return f"{tag}{self.profile.name[0]}{i:07d}"
@@ -178,7 +210,7 @@ class _LazySchedule(Sequence[PlannedRequest]):
 class Schedule(_LazySchedule):
     """The synthetic workload: the classes' sizes, independent prompts, sessions drawn at random
     (they only steer the ring). Under a tokenizer's rule each request announces what the rule
-    counts in its prompt (``harness.tokens.fit_classes`` sized the classes' bytes for it)."""
+    counts in its prompt (``harness.promptfit.fit_classes`` sized the classes' bytes for it)."""
 
     def __init__(self, profile: Profile, run_tag: str = "", rule: TokenRule = BYTES_RULE) -> None:
         super().__init__(profile, run_tag)
@@ -307,22 +339,15 @@ class SessionSchedule(_LazySchedule):
             parts.append(self._message(s, j, cls))
             parts.append(sim_reply(int(self.turn_seeds[s, j - 1]), cls.max_tokens))
         parts.append(self._message(s, k, cls))
-        text = "".join(parts)
-        return PlannedRequest(
-            index=i,
-            request_id=self.request_id(i),
-            offset_s=float(self.offsets[i]),
-            request_class=cls.name,
-            prompt_bytes=len(text.encode()),
+        return self.text_request(
+            i,
+            cls,
+            "".join(parts),
             max_tokens=cls.max_tokens,
             seed=int(self.turn_seeds[s, k - 1]),
             session=f"s{s}",
             tenant=self.profile.tenants[s % len(self.profile.tenants)],
-            priority=cls.priority,
-            deadline_ms=cls.deadline_ms,
             turn=k,
-            text=text,
-            tokens=self.rule.count(text),
         )
 
 
@@ -358,22 +383,15 @@ class ShareGPTSchedule(_LazySchedule):
         s, k = int(self.session_of[i]), int(self.turn_of[i])
         conv = self.conversations[s]
         cls = self.profile.classes[0]
-        text = turn_prompt(conv.turns, k)
-        return PlannedRequest(
-            index=i,
-            request_id=self.request_id(i),
-            offset_s=float(self.offsets[i]),
-            request_class=cls.name,
-            prompt_bytes=len(text.encode()),
+        return self.text_request(
+            i,
+            cls,
+            turn_prompt(conv.turns, k),
             max_tokens=clamp_output(self.rule.count(conv.turns[k - 1][1])),
             seed=int(self.seeds[i]),
             session=f"s{s}",
             tenant=self.profile.tenants[s % len(self.profile.tenants)],
-            priority=cls.priority,
-            deadline_ms=cls.deadline_ms,
             turn=k,
-            text=text,
-            tokens=self.rule.count(text),
         )
 
 
@@ -414,22 +432,14 @@ class TraceSchedule(_LazySchedule):
     def _planned(self, i: int) -> PlannedRequest:
         row, cls = self.rows[i], self.profile.classes[0]
         seed = int(self.seeds[i])
-        text = self.row_text(row, seed)
-        request_id = self.request_id(i)
-        return PlannedRequest(
-            index=i,
-            request_id=request_id,
-            offset_s=float(self.offsets[i]),
-            request_class=cls.name,
-            prompt_bytes=len(text.encode()),
+        return self.text_request(
+            i,
+            cls,
+            self.row_text(row, seed),
             max_tokens=clamp_output(row.output_tokens),
             seed=seed,
-            session=row.session or request_id,
+            session=row.session or self.request_id(i),
             tenant=self.profile.tenants[i % len(self.profile.tenants)],
-            priority=cls.priority,
-            deadline_ms=cls.deadline_ms,
-            text=text,
-            tokens=self.rule.count(text),
         )
 
 

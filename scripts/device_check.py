@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.loaders.native import client_sender, engine_sender, run_schedule
+from harness.loaders.native import run_schedule
+from harness.loaders.senders import client_sender, engine_sender
 from harness.stacks import ReplicaProcess, client_for
 from harness.telemetry.nvml import NvmlSource
 from harness.workload import PlannedRequest

@@ -4,13 +4,15 @@ these."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 BIN = Path(sys.executable).parent
 # mypy checks the whole tree from a cold cache in about a minute on two cores
 LIMIT_S = 600
@@ -36,3 +38,41 @@ def test_the_tree_passes(gate: str) -> None:
         check=False,
     )
     assert proc.returncode == 0, f"{' '.join(GATES[gate])}:\n{proc.stdout[-6000:]}{proc.stderr}"
+
+
+PACKAGES = ("serving", "zerolayer", "baselines", "harness", "chaos", "bench")
+# (module, the import added to it, the contract it breaks)
+FORBIDDEN_IMPORTS = [
+    ("baselines/rayserve/ingress.py", "import zerolayer.server", "one direction"),
+    ("baselines/rayserve_llm/config.py", "import zerolayer.client", "one direction"),
+    ("zerolayer/server/core.py", "import baselines.rayserve", "one direction"),
+    ("serving/wire/contract.py", "import zerolayer", "one direction"),
+    ("serving/engine/sim.py", "import baselines", "one direction"),
+    ("serving/auth.py", "import harness", "one direction"),
+    ("zerolayer/client/sdk.py", "import serving.engine", "the SDK is importable"),
+]
+
+
+@pytest.mark.timeout(LIMIT_S)
+@pytest.mark.parametrize(("module", "line", "contract"), FORBIDDEN_IMPORTS)
+def test_the_contracts_refuse_an_import_against_the_layers(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    """A copy of the tree with one forbidden import added fails ``lint-imports``, naming the
+    contract it breaks: the contracts can fail, and say which floor was crossed."""
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(f"{target.read_text()}\n{line}  # noqa: E402\n")
+    proc = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    broken = [ln for ln in proc.stdout.splitlines() if ln.endswith("BROKEN")]
+    assert any(ln.startswith(contract) for ln in broken), proc.stdout[-3000:]

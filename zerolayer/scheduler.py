@@ -154,21 +154,10 @@ def decide(
     own_tokens = (prompt or 0) + (output or 0)
     block_size = stats.block_size or 1
     own_blocks = blocks_for(own_tokens, block_size)
-    watermarks = config.kv_watermarks
-
     if own_tokens:
-        if config.max_model_len is not None and own_tokens > config.max_model_len:
-            return Decision(
-                PROMPT_TOO_LONG,
-                f"prompt {prompt or 0} + max_tokens {output or 0} tokens exceeds max_model_len "
-                f"{config.max_model_len}",
-            )
-        if watermarks is not None and stats.kv_blocks_total and own_blocks > stats.kv_blocks_total:
-            return Decision(
-                PROMPT_TOO_LONG,
-                f"{own_tokens} tokens need {own_blocks} KV blocks; the engine has "
-                f"{stats.kv_blocks_total}",
-            )
+        too_long = _never_fits(prompt or 0, output or 0, own_blocks, stats, config)
+        if too_long is not None:
+            return too_long
 
     queued, queued_prefill, queued_blocks = queue.ahead(priority) if queue.depth else (0, 0, 0)
     prefill_ahead = stats.waiting_prefill_tokens + queued_prefill
@@ -181,24 +170,9 @@ def decide(
             _retry_after(wait, config),
             wait,
         )
-
-    if watermarks is not None and stats.kv_blocks_total:
-        projected = (
-            stats.kv_blocks_used
-            + blocks_for(stats.waiting_prefill_tokens, block_size)
-            + queued_blocks
-            + own_blocks
-        )
-        usage = projected / stats.kv_blocks_total
-        if usage > watermarks[priority]:
-            return Decision(
-                KV_EXHAUSTED,
-                f"projected KV usage {usage:.1%} is above this class's watermark "
-                f"{watermarks[priority]:.0%}",
-                _retry_after(max(wait, stats.step_ms_recent * config.kv_retry_steps), config),
-                wait,
-            )
-
+    over_kv = _over_kv_watermark(priority, queued_blocks + own_blocks, wait, stats, config)
+    if over_kv is not None:
+        return over_kv
     if wait >= meta.deadline_ms:
         return Decision(
             DEADLINE_EXCEEDED,
@@ -207,6 +181,56 @@ def decide(
             wait,
         )
     return ADMIT if wait == 0.0 else Decision(wait_ms=wait)
+
+
+def _never_fits(
+    prompt: int, output: int, own_blocks: int, stats: EngineStats, config: SchedulerConfig
+) -> Decision | None:
+    """``prompt_too_long`` for a request that no load could admit: past ``max_model_len``, or
+    needing more KV blocks than the engine has."""
+    own_tokens = prompt + output
+    if config.max_model_len is not None and own_tokens > config.max_model_len:
+        return Decision(
+            PROMPT_TOO_LONG,
+            f"prompt {prompt} + max_tokens {output} tokens exceeds max_model_len "
+            f"{config.max_model_len}",
+        )
+    if (
+        config.kv_watermarks is not None
+        and stats.kv_blocks_total
+        and own_blocks > stats.kv_blocks_total
+    ):
+        return Decision(
+            PROMPT_TOO_LONG,
+            f"{own_tokens} tokens need {own_blocks} KV blocks; the engine has "
+            f"{stats.kv_blocks_total}",
+        )
+    return None
+
+
+def _over_kv_watermark(
+    priority: int, blocks: int, wait: float, stats: EngineStats, config: SchedulerConfig
+) -> Decision | None:
+    """``kv_exhausted`` when the KV usage projected with ``blocks`` more (those queued ahead
+    and the request's own) passes this class's watermark."""
+    watermarks = config.kv_watermarks
+    if watermarks is None or not stats.kv_blocks_total:
+        return None
+    projected = (
+        stats.kv_blocks_used
+        + blocks_for(stats.waiting_prefill_tokens, stats.block_size or 1)
+        + blocks
+    )
+    usage = projected / stats.kv_blocks_total
+    if usage <= watermarks[priority]:
+        return None
+    return Decision(
+        KV_EXHAUSTED,
+        f"projected KV usage {usage:.1%} is above this class's watermark "
+        f"{watermarks[priority]:.0%}",
+        _retry_after(max(wait, stats.step_ms_recent * config.kv_retry_steps), config),
+        wait,
+    )
 
 
 def engine_has_room(

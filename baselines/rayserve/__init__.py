@@ -1,6 +1,6 @@
 """The Ray Serve orchestrator baseline: proxy -> ingress deployment -> engine-replica deployments.
 
-Built the way teams build the classic middle layer, and configured fairly (see DESIGN.md,
+Built the way teams build the classic middle layer, and configured fairly (see docs/design.md,
 "Baseline"): the ingress parses and validates the header contract, keeps per-tenant token budgets
 and a bounded FIFO, routes by session, retries before the first token and logs every request.
 """

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from serving.auth import read_key_file
-from serving.engine import SimConfig
+from serving.engine import engine_kind
 from serving.engine.options import validate_engine_options
 
 CONSISTENT_HASH_ROUTER: Final = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
@@ -72,7 +72,7 @@ class TenantBudget:
 
 @dataclass
 class BaselineConfig:
-    """How the baseline is stood up; defaults are the fair settings DESIGN.md asks for."""
+    """How the baseline is stood up; defaults are the fair settings docs/design.md asks for."""
 
     engine: str = "sim"
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -113,10 +113,10 @@ class BaselineConfig:
 
     @property
     def engine_max_seqs(self) -> int:
-        """The engine's own concurrency limit, which sizes ``max_ongoing_requests``."""
-        if self.engine == "sim":
-            return SimConfig(**self.engine_options).max_num_seqs
-        return 1024
+        """The engine's own concurrency limit, which sizes ``max_ongoing_requests``: a modelled
+        engine's ``max_num_seqs``, else 1024."""
+        modelled = engine_kind(self.engine).modelled_engine
+        return modelled(self.engine_options).max_num_seqs if modelled is not None else 1024
 
     @property
     def engine_ongoing(self) -> int:
@@ -145,7 +145,7 @@ class BaselineConfig:
 
     def router_kwargs(self) -> dict[str, Any]:
         """The installed ConsistentHashRouter names its kwargs ``num_virtual_nodes`` and
-        ``num_fallback_replicas`` (DESIGN.md calls them virtual_nodes, fallback_replicas)."""
+        ``num_fallback_replicas`` (docs/design.md calls them virtual_nodes, fallback_replicas)."""
         if self.router is BaselineRouter.CONSISTENT_HASH:
             return {
                 "num_virtual_nodes": self.virtual_nodes,

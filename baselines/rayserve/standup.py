@@ -232,6 +232,16 @@ class ServeHandle:
         """Process ids by role (each baseline names its own roles)."""
         raise NotImplementedError
 
+    def describe(
+        self, read: Callable[[], dict[str, Any]], deployment_prefix: str, timeout_s: float
+    ) -> Self:
+        """This handle with what the running app reports added to ``metadata``: Serve's
+        settings as a worker sees them (``read``), the router deployed and the pids by role."""
+        self.metadata.update(on_a_worker(read, timeout_s))
+        self.metadata.update(deployed_router(self.APP, deployment_prefix))
+        self.metadata["pids"] = self.pids()
+        return self
+
     def ray_processes(self) -> list[psutil.Process]:
         """Every process the local Ray started here, with what those started (workers, engine
         processes); not other children of this process. Empty when attached to a cluster."""
@@ -343,10 +353,7 @@ def start_baseline(
             metadata={**config.metadata(), "ray_address": ray_address or "local"},
             _ray_processes=processes,
         )
-        handle.metadata.update(on_a_worker(_serve_settings, ready_timeout_s))
-        handle.metadata.update(deployed_router(APP_NAME, ENGINE_NAME))
-        handle.metadata["pids"] = handle.pids()
-        return handle
+        return handle.describe(_serve_settings, ENGINE_NAME, ready_timeout_s)
     except BaseException:
         if owns_ray:
             shutdown_ray(owns_ray, APP_NAME, with_children(processes))

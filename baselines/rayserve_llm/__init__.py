@@ -1,4 +1,4 @@
-"""Ray Serve LLM as the baseline when the engine is vLLM (DESIGN.md, "Ray Serve LLM").
+"""Ray Serve LLM as the baseline when the engine is vLLM (docs/design.md, "Ray Serve LLM").
 
 ``ray.serve.llm`` (``LLMConfig`` + ``build_openai_app``) set up the way Ray's documentation shows
 users: Serve's proxy -> the OpenAI ingress deployment -> ``LLMServer`` replicas, each running

@@ -21,7 +21,6 @@ from baselines.rayserve.standup import (
     ServeHandle,
     alive_actors,
     child_pids,
-    deployed_router,
     free_port,
     init_ray,
     on_a_worker,
@@ -230,10 +229,7 @@ def start_llm_baseline(
             },
             _ray_processes=processes,
         )
-        handle.metadata.update(on_a_worker(_settings, ready_timeout_s))
-        handle.metadata.update(deployed_router(APP_NAME, LLM_SERVER_PREFIX))
-        handle.metadata["pids"] = handle.pids()
-        return handle
+        return handle.describe(_settings, LLM_SERVER_PREFIX, ready_timeout_s)
     except BaseException:
         if owns_ray:
             shutdown_ray(owns_ray, APP_NAME, with_children(processes))

@@ -1,4 +1,4 @@
-"""The seed study's claims (DESIGN.md), each checked against what this run measured.
+"""The seed study's claims (docs/design.md), each checked against what this run measured.
 
 The seeds' numbers come from a different machine and scale, so each check compares what carries
 across scales: absolute overheads within a factor of two of the claimed range, and stack-to-stack
@@ -11,8 +11,9 @@ The latency claims, with a sweep in the run, are judged at one offered rate: the
 both stacks' points measured the stacks (``eligible``) in every repeat. The claim's figure is
 taken per repeat and summarised as an interval over repeats (``harness.curves.interval``), and
 the verdict is "held" or "not held" only when the whole interval lies on one side of the rule's
-threshold, so that the same configuration gives the same verdict twice. DESIGN.md states no claim
-about load (capacity or the knee), so the sweep's headline figures have no claim to check here.
+threshold, so that the same configuration gives the same verdict twice. docs/design.md states no
+claim about load (capacity or the knee), so the sweep's headline figures have no claim to check
+here.
 """
 
 from __future__ import annotations
@@ -461,5 +462,5 @@ CLAIMS: tuple[Callable[[RunData], ClaimResult], ...] = (
 
 
 def evaluate(run: RunData) -> list[ClaimResult]:
-    """Every claim, in DESIGN.md's order."""
+    """Every claim, in docs/design.md's order."""
     return [check(run) for check in CLAIMS]

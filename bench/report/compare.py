@@ -19,15 +19,17 @@ a -100 % "improvement".
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import orjson
+from pydantic import computed_field
 
 from bench.report.compare_common import (
+    BY_NAME,
     Metric,
     change_text,
     difference,
@@ -132,10 +134,12 @@ class Row:
     ci_high: float | None
     regression: bool
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def diff(self) -> float | None:
         return difference(self.a, self.b)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def change(self) -> float | None:
         return relative_change(self.a, self.b)
@@ -165,6 +169,7 @@ class Comparison:
     def regressions(self) -> list[Row]:
         return [r for r in self.rows if r.regression]
 
+    @computed_field(alias="regressions")  # type: ignore[prop-decorator]
     @property
     def regression_count(self) -> int:
         swept = len(self.sweep.regressions) if self.sweep is not None else 0
@@ -175,27 +180,17 @@ class Comparison:
         """Whether anything was compared at all (a row, or a headline figure of both sweeps)."""
         return bool(self.rows) or (self.sweep is not None and self.sweep.measured)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> Annotated[Verdict, BY_NAME]:
         if self.mismatch or (self.incomparable and not self.forced) or not self.measured:
             return Verdict.INCOMPARABLE
         return Verdict.REGRESSION if self.regression_count else Verdict.NO_REGRESSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "verdict": self.verdict.name.lower(),
-            "exit_status": int(self.verdict),
-            "regressions": self.regression_count,
-            "mismatch": self.mismatch,
-            "incomparable": self.incomparable,
-            "differences": self.differences,
-            "forced": self.forced,
-            "notes": self.notes,
-            "rows": [asdict(r) | {"diff": r.diff, "change": r.change} for r in self.rows],
-            "sweep": self.sweep.to_dict() if self.sweep is not None else None,
-        }
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def exit_status(self) -> int:
+        return int(self.verdict)
 
 
 class _Sample:
@@ -211,7 +206,7 @@ class _Sample:
         self.itl = [np.asarray(s["itl"], dtype=float) for s in per]
         self.completed = np.array([r.outcome == "completed" for r in records])
         self.duration = metrics.run_duration_s(records)
-        self.summary = schema.SummaryRow.from_dict(metrics.summarize(records))
+        self.summary = schema.from_data(schema.SummaryRow, metrics.summarize(records))
 
     def point(self, metric: Metric) -> float | None:
         if metric.key == "failed_fraction":
@@ -481,7 +476,7 @@ def main(
     )
     _print(result, n_boot, threshold, confidence)
     if json_path is not None:
-        json_path.write_bytes(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2))
+        json_path.write_bytes(orjson.dumps(schema.to_data(result), option=orjson.OPT_INDENT_2))
     return int(result.verdict)
 
 

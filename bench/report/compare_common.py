@@ -8,6 +8,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from pydantic import PlainSerializer
+
+from harness import tables
+
+
+def _name(member: Enum) -> str:
+    return member.name.lower()
+
+
+# compare's JSON names a flag or verdict by its lower-case name ("regression", "unmeasured").
+BY_NAME: Final = PlainSerializer(_name, return_type=str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +59,5 @@ def change_text(change: float | None) -> str:
 
 def text_table(lines: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell, two spaces apart; the first line is the header."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+    columns = [tables.Column(h, align=tables.Align.LEFT) for h in lines[0]]
+    return tables.text_table(columns, lines[1:], gap=2)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Annotated
 
 import numpy as np
+from pydantic import computed_field
 
 from bench.report.compare_common import (
+    BY_NAME,
     Metric,
     change_text,
     difference,
@@ -143,27 +145,17 @@ class HeadlineRow:
     figure: str
     a: Span | None
     b: Span | None
-    flag: Flag
+    flag: Annotated[Flag, BY_NAME]
     why: str = ""
 
     @property
     def regression(self) -> bool:
         return self.flag is Flag.REGRESSION
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def change(self) -> float | None:
         return relative_change(_span_value(self.a), _span_value(self.b))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stack": self.stack,
-            "figure": self.figure,
-            "a": asdict(self.a) if self.a is not None else None,
-            "b": asdict(self.b) if self.b is not None else None,
-            "change": self.change,
-            "flag": self.flag.name.lower(),
-            "why": self.why,
-        }
 
 
 def _span_value(span: Span | None) -> float | None:
@@ -182,10 +174,12 @@ class PointRow:
     b: float | None
     invalid: str = ""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def diff(self) -> float | None:
         return difference(self.a, self.b)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def change(self) -> float | None:
         return relative_change(self.a, self.b)
@@ -209,15 +203,6 @@ class SweepComparison:
     def measured(self) -> bool:
         return any(h.flag is not Flag.UNMEASURED for h in self.headline)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile,
-            "headline": [h.to_dict() for h in self.headline],
-            "shared_rates": self.shared_rates,
-            "points": [asdict(p) | {"diff": p.diff, "change": p.change} for p in self.points],
-            "notes": self.notes,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class _Side:
@@ -234,7 +219,7 @@ class _Side:
         stored = (sweep.stacks.get(stack) or {}).get("headline") or {}
         computed = curves.headline(points, slos) if set(HEADLINE_FIGURES) - set(stored) else {}
         headline = {
-            name: Interval.from_dict(stored[name]) if name in stored else computed[name]
+            name: schema.from_data(Interval, stored[name]) if name in stored else computed[name]
             for name in HEADLINE_FIGURES
         }
         return cls(headline, [p for p in points if curves.usable(p)], slos)
@@ -278,7 +263,7 @@ class _Side:
 
 
 def _slos(sweep: schema.SweepSection) -> tuple[metrics.Slo, ...]:
-    return tuple(metrics.Slo.from_dict(d) for d in sweep.slos)
+    return tuple(schema.from_data(metrics.Slo, d) for d in sweep.slos)
 
 
 def _same_rate(x: float, y: float) -> bool:
@@ -402,13 +387,13 @@ def _added_latency_span(sweep: schema.SweepSection) -> Span | None:
     data = sweep.added_latency
     if not data:
         return None
-    found = Span.of(Interval.from_dict(data.get("rate") or {}))
+    found = Span.of(schema.from_data(Interval, data.get("rate") or {}))
     if found is not None:
         return found
     bound = float(data.get("bound_ms") or sweep.added_latency_bound_ms)
     measured = []
     for entry in data.get("by_rate") or []:
-        p50 = Interval.from_dict(entry.get("p50_ms") or {}).value
+        p50 = schema.from_data(Interval, entry.get("p50_ms") or {}).value
         if p50 is not None:
             measured.append((float(entry["rate"]), p50))
     measured.sort()

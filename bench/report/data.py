@@ -5,7 +5,6 @@ check, ``zl-bench compare`` and the notebook.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -103,18 +102,18 @@ class RunData:
             if any(r.turn > 0 for s in self.stacks for r in self.records.get((s, p), []))
         ]
 
-    def prefix_cache(self, stack: str, profile: str) -> metrics.PrefixCacheStats:
+    def prefix_cache(self, stack: str, profile: str) -> schema.PrefixCacheStats:
         """The stack's prefix-cache figures over the profile as the run recorded them from its
         engines' telemetry; without them (no engine telemetry, an older run) all None."""
         row = self.summary(stack, profile)
-        return metrics.PrefixCacheStats.from_dict(row.prefix_cache if row else None)
+        return row.prefix_cache if row else schema.PrefixCacheStats()
 
-    def workload_lengths(self, profile: str) -> dict[str, metrics.LengthStats]:
+    def workload_lengths(self, profile: str) -> dict[str, schema.LengthStats]:
         """The workload file's own input and output length distributions (run.json's
         ``workload_stats``), keyed ``input``/``output``; empty when the run did not record them."""
         stats = self.meta.profiles.get(profile, {}).get("workload_stats") or {}
         return {
-            which: metrics.LengthStats.from_dict(stats[which])
+            which: schema.from_data(schema.LengthStats, stats[which])
             for which in ("input", "output")
             if isinstance(stats.get(which), dict)
         }
@@ -134,18 +133,17 @@ def read_recovery(run_dir: Path) -> list[Recovery]:
     data = _read_json(path)
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
         raise schema.ResultsError(f"{path}: expected a list of recovery rows")
-    names = {f.name for f in dataclasses.fields(Recovery)}
     try:
-        return [Recovery(**{k: v for k, v in d.items() if k in names}) for d in data]
-    except TypeError as exc:
-        raise schema.ResultsError(f"{path}: a row is not a recovery row ({exc})") from exc
+        return schema.from_data(list[Recovery], data)
+    except ValueError as exc:
+        raise schema.fit_error(path, exc) from exc
 
 
 def append_recovery(run_dir: Path, rows: list[Recovery]) -> None:
     """Add one stack's recovery rows to chaos/recovery.json (rewritten whole)."""
     path = run_dir / schema.CHAOS_DIR / RECOVERY_TABLE
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = [r.to_dict() for r in [*read_recovery(run_dir), *rows]]
+    table = schema.to_data([*read_recovery(run_dir), *rows])
     path.write_bytes(orjson.dumps(table, option=orjson.OPT_INDENT_2))
 
 
@@ -231,7 +229,7 @@ def _meta(path: Path, reasons: list[str]) -> schema.RunMeta:
 def _profile_slos(meta: schema.RunMeta, profile: str) -> list[metrics.Slo]:
     """The SLOs a profile ran with, as run.json recorded them (none for older runs)."""
     recorded = meta.profiles.get(profile, {}).get("slos") or []
-    return [metrics.Slo.from_dict(s) for s in recorded if isinstance(s, dict)]
+    return [schema.from_data(metrics.Slo, s) for s in recorded if isinstance(s, dict)]
 
 
 def _summaries(
@@ -248,9 +246,10 @@ def _summaries(
     have = {(s.stack, s.profile) for s in summaries}
     for (stack, profile), recs in records.items():
         if (stack, profile) not in have and recs:
-            row = schema.SummaryRow.from_dict(
+            row = schema.from_data(
+                schema.SummaryRow,
                 {"stack": stack, "profile": profile, "loader": recs[0].loader}
-                | metrics.summarize(recs, slos=_profile_slos(meta, profile))
+                | metrics.summarize(recs, slos=_profile_slos(meta, profile)),
             )
             row.recomputed = True
             summaries.append(row)

@@ -78,7 +78,7 @@ def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
 
 def _summary_cells(entry: SummaryRow) -> list[str]:
     """The row's figures; a profile that completed nothing says so in its latency columns."""
-    flat = entry.to_dict()
+    flat = schema.to_data(entry)
     return [
         "<i>no completions</i>"
         if entry.completed == 0 and key.endswith("_ms")
@@ -217,7 +217,7 @@ def _points_section(sweep: SweepSection) -> str:
     rows = []
     for stack in plots.sweep_stacks(sweep):
         for row in sweep.stack_points(stack):
-            flat = row.to_dict()
+            flat = schema.to_data(row)
             latency = [
                 "<i>no completions</i>"
                 if row.completed == 0 and key.endswith("_ms")
@@ -293,7 +293,7 @@ def _claims_section(run: RunData) -> str:
             ]
         )
     return (
-        "<h2>Seed-study claims</h2><p>Each claim from DESIGN.md against this run's "
+        "<h2>Seed-study claims</h2><p>Each claim from docs/design.md against this run's "
         "measurements; the rule column says how the verdict was reached.</p>"
         + _table(["claim", "claimed", "measured", "verdict", "rule"], rows, left=5)
     )
@@ -329,7 +329,7 @@ RECOVERY_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def _recovery_section(run: RunData) -> str:
-    rows = [r.to_dict() for r in read_recovery(run.path)]
+    rows = schema.to_data(read_recovery(run.path))
     if not rows:
         return ""
     body = [
@@ -358,7 +358,7 @@ def _or_na(value: float | None, fmt: str) -> str:
     return NOT_AVAILABLE if value is None else fmt.format(value)
 
 
-def _length_cells(stats: metrics.LengthStats) -> list[str]:
+def _length_cells(stats: schema.LengthStats) -> list[str]:
     return [f"{stats.count}", *(_or_na(getattr(stats, k), "{:.1f}") for k in LENGTH_KEYS)]
 
 
@@ -471,7 +471,7 @@ def _prefix_cache_section(run: RunData) -> str:
 
 
 def _telemetry_section(run: RunData) -> str:
-    sources = run.meta.telemetry.get("sources", [])
+    sources = run.meta.telemetry.sources
     if not sources:
         return ""
     rows = [
@@ -507,7 +507,7 @@ def render(run_dir: str | Path) -> Path:
         ("loader", meta.loader or "?"),
         ("seed", meta.seed if meta.seed is not None else "per profile"),
         ("git revision", meta.git_revision),
-        ("machine", meta.machine or "?"),
+        ("machine", meta.machine),
     ]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>zl-bench "

@@ -15,7 +15,7 @@ from harness.loaders.k6 import K6Loader
 from harness.loaders.locust import LocustLoader
 from harness.loaders.native import NativeLoader
 from harness.progress import ProgressStyle
-from harness.stacks import StackName
+from harness.stacks import StackName, stack_kind
 
 _DEFAULTS: Final = (NativeLoader(), K6Loader(), LocustLoader())
 LOADERS: Final[Mapping[str, Loader]] = MappingProxyType({ld.name: ld for ld in _DEFAULTS})
@@ -32,7 +32,7 @@ def loader_with(name: str, *, progress: ProgressStyle | None) -> Loader:
 def needs_tls(loader: str, stack: StackName) -> bool:
     """Whether ``stack`` must be started with TLS for ``loader``: k6 (Go's HTTP client) speaks
     HTTP/2 only over TLS, and the zero-layer replicas speak HTTP/2."""
-    return loader == "k6" and stack == StackName.ZEROLAYER
+    return loader == "k6" and stack_kind(stack).protocol == "h2"
 
 
 __all__ = [

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from harness.metrics import LAG_FRACTION_OF_MEDIAN, summarize
 from harness.schema import RequestRecord
-from harness.stacks import ROUTED
 from harness.workload import PlannedRequest, filler_text
 from zerolayer.client.ring import DEFAULT_VNODES, HashRing
 
@@ -72,7 +71,7 @@ def replica_routes(schedule: Sequence[PlannedRequest], stack: Stack) -> list[str
     session as the SDK keys it (a request without one, which the SDK places by its own request
     id, goes by ours: the same spread). vllm-serve's replicas are routed the same way (as its
     ``Http1Router`` does); the baseline has one front door."""
-    if stack.name not in ROUTED:
+    if not stack.kind.client_routes:
         return [stack.urls[0]] * len(schedule)
     ring = HashRing(dict.fromkeys(stack.urls), DEFAULT_VNODES)
     return [ring.lookup(r.session or r.request_id) for r in schedule]

@@ -32,16 +32,14 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from harness.loaders.base import (
-    DEFAULT_GRACE_S,
     LoadResult,
     make_result,
     new_record,
     replica_counts,
-    replica_routes,
     wire_protocol,
     write_plan,
 )
-from harness.progress import ProgressStyle, load_phase, report_phase
+from harness.loaders.child import ChildLoader, ChildRun
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
 from serving.wire import contract
@@ -312,38 +310,29 @@ def parse_run(
 
 
 def run_k6(
-    schedule: Sequence[PlannedRequest],
-    routes: Sequence[str],
+    child: ChildRun,
     *,
-    stack: str,
-    profile: str,
     rate: float,
     duration_s: float,
-    workdir: str | Path,
-    records_path: str | Path,
     vus: int = 64,
-    grace_s: float = DEFAULT_GRACE_S,
     process: str = "constant",
-    lag_fraction: float | None = None,
     trust: TlsTrust | None = None,
-    extra_body: Mapping[str, Any] | None = None,
-    auth_headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """Run k6 with request ``i`` sent to ``routes[i]`` (https:// for HTTP/2) and summarise it.
+    """Run k6 with request ``i`` sent to ``child.routes[i]`` (https:// for HTTP/2), summarised.
 
     Bounded: k6 stops the scenario at ``duration_s`` plus its graceful stop (the longest
     deadline plus grace plus 5 s), and the subprocess is killed past that with a margin.
     """
-    workdir = Path(workdir)
-    trust = trust if trust is not None else tls_trust(routes, None)
+    schedule, grace_s = child.schedule, child.grace_s
+    trust = trust if trust is not None else tls_trust(child.routes, None)
     paths = write_inputs(
-        schedule, routes, workdir, rate=rate, duration_s=duration_s, vus=vus, grace_s=grace_s,
-        trust=trust, extra_body=extra_body, auth_headers=auth_headers,
+        schedule, child.routes, child.workdir, rate=rate, duration_s=duration_s, vus=vus,
+        grace_s=grace_s, trust=trust, extra_body=child.extra_body, auth_headers=child.auth_headers,
     )  # fmt: skip
     limit_s = duration_s + graceful_stop_ms(schedule, grace_s) / 1000.0 + 30.0
-    logged, metrics = _run_process(paths, workdir, trust, limit_s)
-    records, dropped = parse_run(schedule, logged, stack, profile, rate)
-    with JsonlWriter(records_path) as writer:
+    logged, metrics = _run_process(paths, child.workdir, trust, limit_s)
+    records, dropped = parse_run(schedule, logged, child.stack, child.profile, rate)
+    with JsonlWriter(child.records_path) as writer:
         for rec in records:
             writer.write(rec)
     protocols = sorted({str(msg["proto"]) for msg in logged if msg.get("proto")})
@@ -352,27 +341,37 @@ def run_k6(
         reasons.append(f"k6 dropped {dropped} iterations: too few VUs or a saturated loader")
     return make_result(
         "k6",
-        stack,
-        profile,
-        Path(records_path),
+        child.stack,
+        child.profile,
+        child.records_path,
         records,
         extra_reasons=reasons,
         extra={
-            "k6_summary": {name: metrics[name] for name in K6_SUMMARY_METRICS if name in metrics},
-            "dropped_iterations": dropped,
-            "arrival": "constant",
+            **_k6_extra(metrics, dropped, protocols, trust),
             "arrival_requested": process,
-            "protocols": protocols,
-            "lag_resolution_ms": 1.0,
-            "ttft": "time to first byte (k6 reads responses whole)",
-            "tls_verification": trust.label,
             "vus": vus,
             "per_replica": replica_counts(records),
         },
         protocol=",".join(wire_protocol(p) for p in protocols) or "unknown",
         ttft_is_first_byte=True,
-        lag_fraction=lag_fraction,
+        lag_fraction=child.lag_fraction,
     )
+
+
+def _k6_extra(
+    metrics: Mapping[str, Any], dropped: int, protocols: list[str], trust: TlsTrust
+) -> dict[str, Any]:
+    """What a k6 result adds: k6's own aggregates and what its figures can and cannot say
+    (constant arrival, TTFB for TTFT, millisecond lag, how TLS was trusted)."""
+    return {
+        "k6_summary": {name: metrics[name] for name in K6_SUMMARY_METRICS if name in metrics},
+        "dropped_iterations": dropped,
+        "arrival": "constant",
+        "protocols": protocols,
+        "lag_resolution_ms": 1.0,
+        "ttft": "time to first byte (k6 reads responses whole)",
+        "tls_verification": trust.label,
+    }
 
 
 def _run_process(
@@ -405,7 +404,7 @@ def _run_process(
 
 
 @dataclass(frozen=True)
-class K6Loader:
+class K6Loader(ChildLoader):
     """k6 over a whole stack: every replica by the SDK's ring, HTTP/2 where the stack is TLS.
 
     ``vus`` defaults to the profile's connections; its progress shows once, at the end.
@@ -413,35 +412,14 @@ class K6Loader:
 
     name: str = field(default="k6", init=False)
     vus: int | None = None
-    grace_s: float = DEFAULT_GRACE_S
-    lag_fraction: float | None = None
-    progress: ProgressStyle | None = ProgressStyle.AUTO
 
-    def run(
-        self,
-        schedule: Sequence[PlannedRequest],
-        stack: Stack,
-        profile: Profile,
-        records_path: Path,
-        workdir: Path,
-    ) -> LoadResult:
-        """Drive ``stack`` with ``schedule``; k6 runs quiet, so its progress shows at the end."""
-        result = run_k6(
-            schedule,
-            replica_routes(schedule, stack),
-            stack=str(stack.name),
-            profile=profile.name,
+    def run_child(self, child: ChildRun, stack: Stack, profile: Profile) -> LoadResult:
+        """k6 at the profile's mean rate, trusting the stack's CA where it has one."""
+        return run_k6(
+            child,
             rate=profile.rate,
             duration_s=profile.duration_s,
-            workdir=workdir,
-            records_path=records_path,
             vus=self.vus or profile.connections,
-            grace_s=self.grace_s,
             process=profile.process,
-            lag_fraction=self.lag_fraction,
             trust=tls_trust(stack.urls, stack.tls_ca),
-            extra_body=stack.body_fields(),
-            auth_headers=None if stack.credentials is None else stack.credentials.headers(),
         )
-        report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)
-        return result

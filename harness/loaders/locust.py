@@ -15,21 +15,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from harness.loaders.base import (
-    DEFAULT_GRACE_S,
-    LoadResult,
-    make_result,
-    new_record,
-    replica_counts,
-    replica_routes,
-    write_plan,
-)
-from harness.progress import ProgressStyle, load_phase, report_phase
+from harness.loaders.base import LoadResult, make_result, new_record, replica_counts, write_plan
+from harness.loaders.child import ChildLoader, ChildRun
 from harness.schema import RequestRecord, read_requests
 from harness.workload import PlannedRequest
 
@@ -53,51 +45,37 @@ def start_delay_s(users: int) -> float:
 
 
 def run_locust(
-    schedule: Sequence[PlannedRequest],
-    routes: Sequence[str],
-    *,
-    stack: str,
-    profile: str,
-    workdir: str | Path,
-    records_path: str | Path,
-    users: int = 32,
-    grace_s: float = DEFAULT_GRACE_S,
-    lag_fraction: float | None = None,
-    ca_cert: str | Path | None = None,
-    extra_body: Mapping[str, Any] | None = None,
-    auth_headers: Mapping[str, str] | None = None,
+    child: ChildRun, *, users: int = 32, ca_cert: str | Path | None = None
 ) -> LoadResult:
-    """Run the schedule through locust, request ``i`` to ``routes[i]`` (HTTP/1.1), and summarise.
-
-    ``ca_cert`` is the certificate to trust for https URLs (the run's self-signed one);
-    ``extra_body`` the fields every request body adds (``Stack.body_fields``); ``auth_headers``
-    each tenant's ``authorization`` header (``Credentials.headers``).
-    """
-    workdir, records_path = Path(workdir), Path(records_path)
+    """Run the schedule through locust, request ``i`` to ``child.routes[i]`` (HTTP/1.1), and
+    summarise it; ``ca_cert`` is the certificate to trust for https URLs (the run's own)."""
+    schedule, workdir, records_path = child.schedule, child.workdir, child.records_path
     records_path.unlink(missing_ok=True)
     stats_path = workdir / "locust-stats.json"
     config: dict[str, object] = {
-        **{k: str(v) for k, v in write_plan(schedule, routes, workdir, grace_s).items()},
-        "host": routes[0] if routes else "http://127.0.0.1",
+        **{
+            k: str(v) for k, v in write_plan(schedule, child.routes, workdir, child.grace_s).items()
+        },
+        "host": child.routes[0] if child.routes else "http://127.0.0.1",
         "records": str(records_path),
         "stats": str(stats_path),
-        "stack": stack,
-        "profile": profile,
+        "stack": child.stack,
+        "profile": child.profile,
         "users": users,
         "verify": str(ca_cert) if ca_cert is not None else True,
-        "extra_body": dict(extra_body or {}),
-        "auth_headers": dict(auth_headers or {}),
+        "extra_body": dict(child.extra_body),
+        "auth_headers": dict(child.auth_headers or {}),
     }
     config_path = workdir / "locust-config.json"
     config_path.write_text(json.dumps(config))
-    _run_child(config_path, workdir, _time_bound_s(schedule, users, grace_s))
-    records = _every_scheduled(schedule, records_path, stack, profile)
+    _run_child(config_path, workdir, _time_bound_s(schedule, users, child.grace_s))
+    records = _every_scheduled(schedule, records_path, child.stack, child.profile)
     unsent = sum(1 for r in records if r.error_code == NOT_SENT)
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
     return make_result(
         "locust",
-        stack,
-        profile,
+        child.stack,
+        child.profile,
         records_path,
         records,
         extra_reasons=[f"locust never sent {unsent} requests"] if unsent else [],
@@ -108,7 +86,7 @@ def run_locust(
             "per_replica": replica_counts(records),
         },
         protocol="http/1.1",
-        lag_fraction=lag_fraction,
+        lag_fraction=child.lag_fraction,
     )
 
 
@@ -155,7 +133,7 @@ def _every_scheduled(
 
 
 @dataclass(frozen=True)
-class LocustLoader:
+class LocustLoader(ChildLoader):
     """Locust over a whole stack: HTTP/1.1, every replica by the SDK's ring.
 
     ``users`` defaults to the profile's connections; its progress shows once, at the end.
@@ -163,32 +141,9 @@ class LocustLoader:
 
     name: str = field(default="locust", init=False)
     users: int | None = None
-    grace_s: float = DEFAULT_GRACE_S
-    lag_fraction: float | None = None
-    progress: ProgressStyle | None = ProgressStyle.AUTO
 
-    def run(
-        self,
-        schedule: Sequence[PlannedRequest],
-        stack: Stack,
-        profile: Profile,
-        records_path: Path,
-        workdir: Path,
-    ) -> LoadResult:
-        result = run_locust(
-            schedule,
-            replica_routes(schedule, stack),
-            stack=str(stack.name),
-            profile=profile.name,
-            workdir=workdir,
-            records_path=records_path,
-            users=self.users or profile.connections,
-            grace_s=self.grace_s,
-            lag_fraction=self.lag_fraction,
-            ca_cert=stack.tls_ca,
-            extra_body=stack.body_fields(),
-            auth_headers=None if stack.credentials is None else stack.credentials.headers(),
-        )
+    def run_child(self, child: ChildRun, stack: Stack, profile: Profile) -> LoadResult:
+        """Locust with the profile's connections as users, trusting the stack's certificate."""
+        result = run_locust(child, users=self.users or profile.connections, ca_cert=stack.tls_ca)
         result.extra["arrival_requested"] = profile.process
-        report_phase(self.progress, load_phase(stack.name, profile, len(schedule)), result.records)
         return result

@@ -8,11 +8,11 @@ naps, spinning only the last fraction of a millisecond; a dispatcher that is alr
 sleeps nor spins, it sends at once.
 Dispatch minus the intended time is the scheduling lag, recorded per request.
 
-Two ways to send (a ``Sender``): its ``submit``, when it has one (the zero-layer SDK's callback
-API, see ``client_sender``), is called synchronously from the dispatcher and reports back through
-a callback, so a request costs no task, timer or future of the loader's own; otherwise its async
-``send`` runs in one task per request (engines in-process, the HTTP/1.1 client, tests, and any
-run with ``max_in_flight``).
+Two ways to send (a ``Sender``, from ``harness.loaders.senders``): its ``submit``, when it has
+one (the zero-layer SDK's callback API, see ``client_sender``), is called synchronously from the
+dispatcher and reports back through a callback, so a request costs no task, timer or future of
+the loader's own; otherwise its async ``send`` runs in one task per request (engines in-process,
+the HTTP/1.1 client, tests, and any run with ``max_in_flight``).
 
 Every scheduled request ends as exactly one record: completed, error (with a code), or lost (no
 answer by deadline + grace); records are written to JSONL as requests end, in small batches (at
@@ -36,10 +36,10 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -52,6 +52,7 @@ from harness.loaders.base import (
     replica_counts,
     wire_protocol,
 )
+from harness.loaders.senders import Sender, SendFn, client_sender
 from harness.metrics import LAG_FRACTION_OF_MEDIAN
 from harness.progress import (
     Phase,
@@ -61,18 +62,13 @@ from harness.progress import (
     offered_rate,
     phase_progress,
 )
-from harness.schema import JsonlWriter, Outcome, RequestRecord
+from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
-from serving.engine import Engine, EngineError, EngineRequest
-from zerolayer.client import Http1Client, Timing, ZeroLayerClient, ZeroLayerError
 
 if TYPE_CHECKING:
     from harness.profile import Profile
-    from harness.stacks import Credentials, Http1Router, Stack
+    from harness.stacks import Stack
 
-SendFn = Callable[[PlannedRequest, RequestRecord], Awaitable[None]]
-# submit(request, record, done): start the request now; done(record) once it has ended.
-SubmitFn = Callable[[PlannedRequest, RequestRecord, Callable[[RequestRecord], None]], None]
 START_DELAY_S = 0.05
 SPIN_S = 0.001
 PROGRESS_EVERY_S = 10.0
@@ -97,18 +93,6 @@ NOT_SENT = "not_sent"
 
 def _exception_code(exc: BaseException) -> str:
     return CONNECTION_ERROR if isinstance(exc, OSError) else f"client_{type(exc).__name__}"
-
-
-class _Batch:
-    """Records written as one JSONL chunk (one write and flush for many lines)."""
-
-    __slots__ = ("records",)
-
-    def __init__(self, records: list[RequestRecord]) -> None:
-        self.records = records
-
-    def to_json(self) -> bytes:
-        return b"\n".join([r.to_json() for r in self.records])
 
 
 class _Records:
@@ -140,7 +124,7 @@ class _Records:
 
     def flush(self) -> None:
         if self._batch:
-            self._writer.write(_Batch(self._batch))
+            self._writer.write_many(self._batch)
             self._batch = []
         self._written_at = time.monotonic()
 
@@ -174,15 +158,6 @@ async def wait_until(target_ns: int, spin_ns: int = int(SPIN_S * 1e9)) -> int:
             time.sleep(NAP_S)  # give the cores away instead of spinning
             now = perf()
     return idle
-
-
-@dataclass(frozen=True, slots=True)
-class Sender:
-    """How ``run_schedule`` starts a request: ``send`` (async, one task per request) and, where
-    the client has a callback API, ``submit`` (called synchronously, no task of our own)."""
-
-    send: SendFn
-    submit: SubmitFn | None = None
 
 
 def _longest_s(schedule: Sequence[PlannedRequest], slack_s: float) -> float:
@@ -364,6 +339,34 @@ def _progress_for(
     return phase_progress(progress, phase, lines_every_s=every_s)
 
 
+async def _send_all(
+    run: _Dispatcher,
+    schedule: Sequence[PlannedRequest],
+    shown: PhaseProgress | None,
+    spin_ns: int,
+    bound_s: float,
+) -> int:
+    """Dispatch the schedule, wait up to ``bound_s`` for its answers and close the run, with
+    the collector paused and the progress shown; return the loader's CPU time over it (ns)."""
+    refresher = None
+    if shown is not None:
+        shown.start(lambda: run.open_count)
+        refresher = asyncio.create_task(_refresh_progress(run, shown))
+    with _gc_paused():
+        cpu0 = time.process_time_ns()
+        try:
+            await run.dispatch_all(schedule, spin_ns)
+            await run.wait_for_answers(bound_s)
+        finally:
+            cpu_ns = time.process_time_ns() - cpu0
+            if refresher is not None:
+                refresher.cancel()
+            await run.close()
+            if shown is not None:
+                shown.finish()
+    return cpu_ns
+
+
 async def run_schedule(
     schedule: Sequence[PlannedRequest],
     send: SendFn | Sender,
@@ -402,23 +405,8 @@ async def run_schedule(
     shown = _progress_for(progress, schedule, (label, stack, profile), progress_every_s)
     records = _Records(Path(records_path), shown)
     run = _Dispatcher(sender, records, (stack, profile, loader), slack_s, max_in_flight)
-    longest_s = _longest_s(schedule, slack_s)
-    refresher = None
-    if shown is not None:
-        shown.start(lambda: run.open_count)
-        refresher = asyncio.create_task(_refresh_progress(run, shown))
-    with _gc_paused():
-        cpu0 = time.process_time_ns()
-        try:
-            await run.dispatch_all(schedule, int(spin_s * 1e9))
-            await run.wait_for_answers(longest_s + 1.0)
-        finally:
-            cpu_ns = time.process_time_ns() - cpu0
-            if refresher is not None:
-                refresher.cancel()
-            await run.close()
-            if shown is not None:
-                shown.finish()
+    bound_s = _longest_s(schedule, slack_s) + 1.0
+    cpu_ns = await _send_all(run, schedule, shown, int(spin_s * 1e9), bound_s)
     return make_result(
         loader,
         stack,
@@ -432,113 +420,6 @@ async def run_schedule(
             "spin_s": run.spun_ns / 1e9,
         },
     )
-
-
-def engine_sender(engine: Engine) -> SendFn:
-    """Send straight into an engine in-process: the no-network reference for 'where time goes'."""
-
-    async def send(req: PlannedRequest, rec: RequestRecord) -> None:
-        now = time.time_ns
-        rec.sent_ns = now()
-        ereq = EngineRequest(
-            req.request_id, req.prompt_tokens, req.max_tokens, req.seed, prompt=req.prompt()
-        )
-        try:
-            async for chunk in engine.generate(ereq):
-                if chunk.token_ids:
-                    t = now()
-                    if not rec.first_token_ns:
-                        rec.first_token_ns = t
-                    rec.chunk_ns.append(t)
-                    rec.output_tokens += len(chunk.token_ids)
-        except EngineError as exc:
-            raise RequestFailed(exc.code) from exc
-        rec.end_ns = now()
-        rec.outcome = "completed"
-
-    return send
-
-
-# The SDK's outcome names are the schema's; this checks them (a KeyError names a new one).
-_OUTCOMES: Final[Mapping[str, Outcome]] = {
-    "completed": "completed",
-    "error": "error",
-    "lost": "lost",
-}
-
-
-def copy_timing(timing: Timing, rec: RequestRecord, tokens: int) -> None:
-    """Move an SDK timing record into our RequestRecord (the SDK and the schema share names)."""
-    rec.sent_ns = timing.sent_ns
-    rec.first_token_ns = timing.first_token_ns
-    rec.end_ns = timing.end_ns
-    rec.chunk_ns = list(timing.chunk_ns)
-    rec.http_status = timing.status
-    rec.retries = timing.retries
-    rec.replica = timing.replica
-    rec.output_tokens = timing.output_tokens or tokens
-    rec.error_code = timing.error_code
-    rec.outcome = _OUTCOMES[timing.outcome]
-
-
-def client_sender(
-    client: ZeroLayerClient | Http1Client | Http1Router, credentials: Credentials | None = None
-) -> Sender:
-    """Send through a zero-layer client (``ZeroLayerClient`` over HTTP/2 or ``Http1Client``),
-    each request with its tenant's API key when the stack has ``credentials`` (else the client's
-    own, if any).
-
-    Both clients expose ``stream(prompt=..., ...)`` with a ``timing`` record and raise
-    ``ZeroLayerError`` (which carries the timing) when a request does not complete. The SDK's
-    callback API (``ZeroLayerClient.submit``) becomes the Sender's ``submit``, which
-    ``run_schedule`` prefers: no task per request.
-    """
-    keys: Mapping[str, str] = {} if credentials is None else credentials.keys
-
-    async def send(req: PlannedRequest, rec: RequestRecord) -> None:
-        stream = client.stream(
-            prompt=req.prompt(),
-            max_tokens=req.max_tokens,
-            session=req.session,
-            tenant=req.tenant,
-            priority=req.priority,
-            deadline_ms=req.deadline_ms,
-            seed=req.seed,
-            api_key=keys.get(req.tenant),
-        )
-        tokens = 0
-        try:
-            async with stream as s:
-                async for chunk in s:
-                    tokens += chunk.tokens
-        except ZeroLayerError:
-            pass
-        copy_timing(stream.timing, rec, tokens)
-
-    if not isinstance(client, ZeroLayerClient):
-        return Sender(send)
-    client_submit = client.submit
-
-    def submit(
-        req: PlannedRequest, rec: RequestRecord, done: Callable[[RequestRecord], None]
-    ) -> None:
-        def on_done(timing: Timing, tokens: int) -> None:
-            copy_timing(timing, rec, tokens)
-            done(rec)
-
-        client_submit(
-            on_done,
-            prompt=req.prompt(),
-            max_tokens=req.max_tokens,
-            session=req.session,
-            tenant=req.tenant,
-            priority=req.priority,
-            deadline_ms=req.deadline_ms,
-            seed=req.seed,
-            api_key=keys.get(req.tenant),
-        )
-
-    return Sender(send, submit)
 
 
 @dataclass(frozen=True)

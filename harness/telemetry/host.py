@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
 import psutil
+
+from harness.schema import Machine
 
 SATURATED_PCT: Final = 90.0
 SPEED_PROBE_S: Final = 0.1
@@ -93,7 +95,7 @@ def _digests_per_s(duration_s: float) -> float:
             return done / (now - start)
 
 
-def speed_note(a: Mapping[str, object], b: Mapping[str, object]) -> str:
+def speed_note(a: Machine, b: Machine) -> str:
     """A line when two runs' hosts ran at speeds more than 25 % apart ('' otherwise), from
     each run's ``machine`` record (the slower of its start and end probes)."""
     speeds = [_slowest(m) for m in (a, b)]
@@ -110,7 +112,7 @@ def speed_note(a: Mapping[str, object], b: Mapping[str, object]) -> str:
     )
 
 
-def _slowest(machine: Mapping[str, object]) -> float | None:
-    got = [machine.get(k) for k in ("cpu_speed_start", "cpu_speed_end")]
-    values = [float(v) for v in got if isinstance(v, int | float)]
+def _slowest(machine: Machine) -> float | None:
+    got = [machine.cpu_speed_start, machine.cpu_speed_end]
+    values = [float(v) for v in got if v is not None]
     return min(values) if values else None

@@ -2,12 +2,18 @@
 
 CPU is the delta of the process's user+system time over the wall time between two samples (in
 percent of one core), plus the cumulative CPU seconds, from which shares over any window follow.
+
+This is the project's one per-process CPU reader: ``cpu_seconds`` for one process, ``read_cpu``
+for process trees (a stack's processes and their descendants), ``cpu_spent`` for what each
+process spent between two such readings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +56,7 @@ class ProcessSource:
         proc: psutil.Process | None
         try:
             proc = psutil.Process(component.pid)
-            first = (time.monotonic_ns(), _cpu_seconds(proc))
+            first = (time.monotonic_ns(), cpu_seconds(proc))
         except psutil.Error:
             proc = None
         with self._lock:
@@ -81,7 +87,7 @@ class ProcessSource:
                 if proc is None:
                     raise psutil.NoSuchProcess(component.pid)
                 with proc.oneshot():
-                    cpu_s = _cpu_seconds(proc)
+                    cpu_s = cpu_seconds(proc)
                     rss = proc.memory_info().rss
             except psutil.Error:
                 rows.append({**base, "alive": 0})
@@ -104,6 +110,50 @@ class ProcessSource:
         self._last.clear()
 
 
-def _cpu_seconds(proc: psutil.Process) -> float:
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU seconds ``proc`` has spent so far (its children's not included)."""
     times = proc.cpu_times()
     return float(times.user + times.system)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCpu:
+    """One process's name and the user + system CPU seconds it has spent (so far, or between
+    two readings)."""
+
+    name: str
+    seconds: float
+
+
+def process_tree(pids: Sequence[int]) -> dict[int, psutil.Process]:
+    """The processes and all their descendants, by pid (gone ones left out)."""
+    found: dict[int, psutil.Process] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                found[p.pid] = p
+    return found
+
+
+def read_cpu(pids: Sequence[int]) -> dict[int, ProcessCpu]:
+    """Name and CPU seconds so far of each process in the trees under ``pids``."""
+    out: dict[int, ProcessCpu] = {}
+    for pid, proc in process_tree(pids).items():
+        with contextlib.suppress(psutil.Error):
+            out[pid] = ProcessCpu(proc.name(), cpu_seconds(proc))
+    return out
+
+
+def cpu_spent(
+    before: Mapping[int, ProcessCpu], after: Mapping[int, ProcessCpu]
+) -> dict[int, ProcessCpu]:
+    """What each process in ``after`` spent since ``before``: one new in ``after`` counts whole
+    (it started in between); one gone from ``after`` is left out (its last interval is unknown);
+    never negative (a pid reused in between)."""
+    spent = {}
+    for pid, now in after.items():
+        then = before.get(pid)
+        seconds = now.seconds - then.seconds if then is not None else now.seconds
+        spent[pid] = ProcessCpu(now.name, max(0.0, seconds))
+    return spent

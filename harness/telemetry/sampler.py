@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from harness.schema import JsonlWriter
+from harness.schema import JsonlWriter, TelemetryInfo
 
 IDLE_PHASE = "idle"
 
@@ -121,11 +121,11 @@ class Sampler:
         self._t0_ns = time.time_ns()
         self._t0_mono_ns = time.monotonic_ns()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TelemetryInfo:
         """The sources chosen at run time, for ``run.json``."""
-        return {
-            "interval_s": self.interval_ns / 1e9,
-            "sources": [
+        return TelemetryInfo(
+            interval_s=self.interval_ns / 1e9,
+            sources=[
                 {
                     **source.describe(),
                     "kind": source.kind,
@@ -134,10 +134,10 @@ class Sampler:
                 }
                 for source in self.sources
             ],
-            "ticks": self.ticks,
-            "missed_ticks": self.missed,
-            "read_errors": self.errors,
-        }
+            ticks=self.ticks,
+            missed_ticks=self.missed,
+            read_errors=self.errors,
+        )
 
     def tick(self, seq: int | None = None) -> int:
         """Read every active source once and write its rows; returns the rows written."""

@@ -1,6 +1,7 @@
-"""Engine kinds: one table says, for each engine name, how it is configured and built and what
-the stacks and the harness must know of it. Every other module asks the kind (its properties),
-never compares an engine's name.
+"""Engine kinds: one table says, for each engine name, how it is configured and built, how it
+counts a prompt's tokens, what capacity can be predicted for it, and what the stacks and the
+harness must know of it. Every other module asks the kind (its properties), never compares an
+engine's name.
 
 GPU engines (``torch``, ``vllm``) are imported only when their kind is asked for its config or
 an engine, so importing this module never imports torch or vLLM.
@@ -8,29 +9,39 @@ an engine, so importing this module never imports torch or vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from serving.engine.null import NullEngine
 from serving.engine.sim import SimConfig, SimEngine
+from serving.engine.stepmodel import ModelledEngine
+from serving.engine.tokenrules import TokenRule, bytes_rule, model_tokenizer_rule
 from serving.engine.types import Engine
 
 
 @dataclass(frozen=True)
 class EngineKind:
-    """One engine kind. ``config_class`` is None for a kind that takes no options."""
+    """One engine kind. ``config_class`` is None for a kind that takes no options.
+
+    Its capacity model: a reference engine has no compute limit, an engine with a step-time
+    model (``modelled_engine``) has a predicted one, any other an unknown one.
+    """
 
     name: str
     summary: str
     load_config_class: Callable[[], type | None]
     build: Callable[[Any], Engine]
+    # How the engine counts a prompt's tokens under its options (the replica charges so).
+    token_rule: Callable[[Mapping[str, Any]], TokenRule] = bytes_rule
+    # The engine its options make, as a step-time model and limits; None without such a model.
+    modelled_engine: Callable[[Mapping[str, Any]], ModelledEngine] | None = None
     # KV-cache admission applies (watermarks, prefix cache): False for an engine with no KV.
     has_kv_cache: bool = True
     # Runs real vLLM: a model path and its tokenizer, vLLM's own server and Ray Serve LLM apply.
     serves_vllm: bool = False
-    # Its step time is a model the harness can predict capacity from (the sim's step-time model).
-    has_step_model: bool = False
+    # Runs a real model (weights on a device); False for an engine that only stands in for one.
+    runs_model: bool = False
     # Does no work of its own: what a stack adds over it is the stack's (the overhead reference).
     is_reference: bool = False
 
@@ -38,9 +49,18 @@ class EngineKind:
     def config_class(self) -> type | None:
         return self.load_config_class()
 
+    @property
+    def has_step_model(self) -> bool:
+        """Its step time is a model the harness can predict capacity from."""
+        return self.modelled_engine is not None
+
     def make(self, config: Any) -> Engine:
         """An engine built from ``config`` (an instance of ``config_class``, or None)."""
         return self.build(config)
+
+
+def _sim_modelled(options: Mapping[str, Any]) -> ModelledEngine:
+    return SimConfig(**options).modelled()
 
 
 def _torch_config() -> type:
@@ -77,7 +97,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             "simulated H200 engine on a calibrated step-time model (the default)",
             lambda: SimConfig,
             SimEngine,
-            has_step_model=True,
+            modelled_engine=_sim_modelled,
         ),
         EngineKind(
             "null",
@@ -88,14 +108,20 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             is_reference=True,
         ),
         EngineKind(
-            "torch", "a small PyTorch model with a paged KV cache", _torch_config, _torch_build
+            "torch",
+            "a small PyTorch model with a paged KV cache",
+            _torch_config,
+            _torch_build,
+            runs_model=True,
         ),
         EngineKind(
             "vllm",
             "vLLM's engine in process (its CPU build here)",
             _vllm_config,
             _vllm_build,
+            token_rule=model_tokenizer_rule,
             serves_vllm=True,
+            runs_model=True,
         ),
     )
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from serving.engine.tokens import detokenize, token_ids, uniform_logprobs
+from serving.engine.streams import detokenize, token_ids, uniform_logprobs
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 

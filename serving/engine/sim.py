@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from serving.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
-from serving.engine.stepmodel import StepTimeModel, load_profile, model_shape
-from serving.engine.tokens import detokenize, token_array, uniform_logprobs
+from serving.engine.stepmodel import ModelledEngine, StepTimeModel, load_profile, model_shape
+from serving.engine.streams import detokenize, token_array, uniform_logprobs
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 H200_MEMORY_BYTES = 150_754_820_096
@@ -64,6 +64,18 @@ class SimConfig:
         if blocks < 1:
             raise ValueError(f"{self.model_shape} weights do not fit in {self.gpu_memory_bytes} B")
         return blocks
+
+    def modelled(self) -> ModelledEngine:
+        """The engine these settings build, as its step-time model and limits (for capacity)."""
+        shape = model_shape(self.model_shape, load_profile(self.profile_path))
+        blocks = self.kv_blocks(shape.weight_bytes, shape.kv_bytes_per_token)
+        return ModelledEngine(
+            label=f"sim:{self.model_shape}",
+            model=StepTimeModel(shape),
+            kv_tokens=blocks * self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+        )
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

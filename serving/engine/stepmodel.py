@@ -109,3 +109,15 @@ class StepTimeModel:
         if decode_batch:
             return self.decode_ms(decode_batch, decode_context) + prefill_cost_ms
         return self.shape.prefill_coeffs[0] + prefill_cost_ms if prefill_cost_ms else 0.0
+
+
+@dataclass(frozen=True)
+class ModelledEngine:
+    """An engine whose step time is a StepTimeModel, sized as its config sets it: what capacity
+    prediction needs of the engine without building it."""
+
+    label: str
+    model: StepTimeModel
+    kv_tokens: int
+    max_model_len: int
+    max_num_seqs: int

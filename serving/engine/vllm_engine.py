@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from serving.engine.tokens import VOCAB_SIZE, detokenize
+from serving.engine.streams import VOCAB_SIZE, detokenize
 from serving.engine.torch_engine.prompt import prompt_token_ids
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 from serving.wire.openai import TokenLogprob

@@ -2,7 +2,7 @@
 
 h2c by prior knowledge, or TLS with ALPN ``h2`` for https URLs. Outbound header validation is off
 (we build every header ourselves, and the constant ones once per connection; a caller's extra
-headers were checked once by ``wire.caller_headers``); inbound validation stays on. Receive
+headers were checked once by ``codec.caller_headers``); inbound validation stays on. Receive
 windows are large and acknowledged as data is consumed, so thousands of streams and large bodies
 flow without stalls; request bodies larger than the peer's window are paced by its
 WINDOW_UPDATEs. A request is one ``transport.write``.
@@ -24,8 +24,8 @@ import h2.settings
 
 from serving.wire.h2base import H2State
 from serving.wire.hpackenc import LiteralEncoder
+from zerolayer.client.codec import MAX_ERROR_BODY_BYTES
 from zerolayer.client.stream import Response
-from zerolayer.client.wire import MAX_ERROR_BODY_BYTES
 
 RECV_WINDOW = 1 << 24
 DEFAULT_MAX_STREAMS = 100

@@ -19,10 +19,10 @@ from typing import Any, Unpack, cast
 
 import h11
 
+from zerolayer.client.codec import Prepared, RequestFields, RequestIssuer, ZeroLayerError
 from zerolayer.client.replica import split_url
 from zerolayer.client.stream import Completion, Response, Stream, collect
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, Timing
-from zerolayer.client.wire import Prepared, RequestFields, RequestIssuer, ZeroLayerError
 
 # As the HTTP/2 client sends it: vLLM's own server refuses a body without it (400).
 JSON = (b"content-type", b"application/json")

@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 
 from zerolayer.client.h2conn import H2Connection
 from zerolayer.client.health import Hysteresis
-from zerolayer.client.timing import Timing
 
 
 def split_url(url: str) -> tuple[str, int, bool]:
@@ -31,19 +30,8 @@ def default_tls() -> ssl.SSLContext:
     return ctx
 
 
-def take_attempt(timing: Timing, replica: Replica, max_retries: int) -> bool:
-    """Record one more attempt, on ``replica``; False when the retry budget is already spent."""
-    if timing.tried:
-        if timing.retries >= max_retries:
-            return False
-        timing.retries += 1
-    timing.tried.append(replica.url)
-    timing.replica = replica.url
-    return True
-
-
-class Replica:
-    """A replica's health state and its (lazy) connection."""
+class ReplicaEndpoint:
+    """The SDK's view of one replica endpoint: its health state and its (lazy) connection."""
 
     __slots__ = ("_connecting", "conn", "health", "host", "last_health", "port", "tls", "url")
 

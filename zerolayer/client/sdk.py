@@ -18,19 +18,20 @@ from typing import Any, Unpack
 
 import orjson
 
-from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, healthy
-from zerolayer.client.replica import Replica, default_tls, split_url, take_attempt
-from zerolayer.client.ring import DEFAULT_VNODES, HashRing
-from zerolayer.client.stream import Completion, Response, Stream, collect
-from zerolayer.client.submit import OnDone, Submission
-from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
-from zerolayer.client.wire import (
-    MARK_DOWN,
+from zerolayer.client import failover
+from zerolayer.client.codec import (
     Prepared,
     RequestFields,
     RequestIssuer,
     ZeroLayerError,
 )
+from zerolayer.client.failover import Action, Outcome, next_replica
+from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, healthy
+from zerolayer.client.replica import ReplicaEndpoint, default_tls, split_url
+from zerolayer.client.ring import DEFAULT_VNODES, HashRing
+from zerolayer.client.stream import Completion, Response, Stream, collect
+from zerolayer.client.submit import OnDone, Submission
+from zerolayer.client.timing import Timing
 
 _now = time.time_ns
 
@@ -65,7 +66,7 @@ class ZeroLayerClient:
         urls = list(dict.fromkeys(replica_urls))
         if not urls:
             raise ValueError("need at least one replica URL")
-        self.replicas = {url: Replica(url, down_after, up_after) for url in urls}
+        self.replicas = {url: ReplicaEndpoint(url, down_after, up_after) for url in urls}
         self.ring = HashRing(urls, vnodes)
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
@@ -125,7 +126,7 @@ class ZeroLayerClient:
         """Poll every replica's ``/health`` once and feed the verdicts to their hysteresis."""
         await asyncio.gather(*(self._poll(r) for r in self.replicas.values()))
 
-    async def _poll(self, replica: Replica) -> None:
+    async def _poll(self, replica: ReplicaEndpoint) -> None:
         try:
             conn = await replica.connection(self.tls, self.connect_timeout_s)
             if not conn.has_slot:
@@ -145,7 +146,7 @@ class ZeroLayerClient:
 
     # requests
 
-    def _candidates(self, key: str) -> Iterator[Replica]:
+    def _candidates(self, key: str) -> Iterator[ReplicaEndpoint]:
         replicas = self.replicas
         for url in self.ring.preference(key):
             replica = replicas[url]
@@ -195,41 +196,43 @@ class ZeroLayerClient:
         return await collect(self.stream(**fields))
 
     async def _open(self, stream: Stream, req: Prepared, key: str) -> Response:
-        """Try replicas in ring order until one gives a first token, or stop with the error."""
+        """Try replicas in ring order until one gives a first token, or stop with the error
+        (the rules are ``failover``'s)."""
         timing = stream.timing
+        candidates = self._candidates(key)
         error: ZeroLayerError | None = None
-        for replica in self._candidates(key):
-            if not take_attempt(timing, replica, self.max_retries):
-                break
+        while (replica := next_replica(candidates, timing, self.max_retries)) is not None:
             resp = Response(timing, req.chat)
             stream.current = resp
-            conn = replica.conn
-            if conn is None or not conn.usable:
-                try:
-                    conn = await replica.connection(self.tls, self.connect_timeout_s)
-                except (OSError, TimeoutError) as exc:
-                    replica.health.force_down()
-                    error = ZeroLayerError(CONNECTION_LOST, f"{replica.url}: {exc}", retryable=True)
-                    if stream.timed_out:
-                        break
-                    continue
-            if not timing.sent_ns:
-                timing.sent_ns = _now()
-            await conn.request(req.path, req.headers, req.body, resp)
-            if not resp.chunks and not resp.done:
-                await resp.wait()
-            error = resp.error
-            if error is None:
-                return resp
-            if error.code in MARK_DOWN:
+            outcome = await self._attempt(replica, req, resp, stream)
+            decision = failover.decide(outcome)
+            if decision.mark_down:
                 replica.health.force_down()
-            if not error.retryable or stream.timed_out:
+            if decision.action is Action.DELIVER:
+                return resp
+            error = decision.error
+            if decision.action is Action.GIVE_UP:
                 break
-        if stream.timed_out and (error is None or error.code != CLIENT_TIMEOUT):
-            error = ZeroLayerError(CLIENT_TIMEOUT, "no answer by deadline plus grace")
-        if error is None:
-            error = ZeroLayerError(NO_REPLICA, "no replica is up")
-        raise error
+        raise failover.final_error(error, stream.timed_out)
+
+    async def _attempt(
+        self, replica: ReplicaEndpoint, req: Prepared, resp: Response, stream: Stream
+    ) -> Outcome:
+        """Send on ``replica`` (opening its connection if need be) and wait for a first token
+        or the response's end."""
+        conn = replica.conn
+        if conn is None or not conn.usable:
+            try:
+                conn = await replica.connection(self.tls, self.connect_timeout_s)
+            except (OSError, TimeoutError) as exc:
+                return failover.unreachable(replica.url, exc, stream.timed_out)
+        timing = stream.timing
+        if not timing.sent_ns:
+            timing.sent_ns = _now()
+        await conn.request(req.path, req.headers, req.body, resp)
+        if not resp.chunks and not resp.done:
+            await resp.wait()
+        return Outcome(resp.error, resp.committed, stream.timed_out)
 
 
-__all__ = ["Replica", "ZeroLayerClient", "default_tls", "split_url"]
+__all__ = ["ReplicaEndpoint", "ZeroLayerClient", "default_tls", "split_url"]

@@ -21,14 +21,7 @@ from typing import Any, Protocol
 import orjson
 
 from serving.wire import contract
-from zerolayer.client.timing import (
-    CLIENT_TIMEOUT,
-    CONNECTION_LOST,
-    PROTOCOL_ERROR,
-    STREAM_RESET,
-    Timing,
-)
-from zerolayer.client.wire import (
+from zerolayer.client.codec import (
     DONE,
     MAX_ERROR_BODY_BYTES,
     Chunk,
@@ -36,6 +29,13 @@ from zerolayer.client.wire import (
     SSEParser,
     ZeroLayerError,
     server_error,
+)
+from zerolayer.client.timing import (
+    CLIENT_TIMEOUT,
+    CONNECTION_LOST,
+    PROTOCOL_ERROR,
+    STREAM_RESET,
+    Timing,
 )
 
 _now = time.time_ns

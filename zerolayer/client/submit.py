@@ -4,8 +4,9 @@ A load generator sends thousands of requests a second and wants only each one's 
 not its chunks; a task, a deadline timer context and a future per request cost it more CPU than
 the HTTP/2 work itself. A ``Submission`` sends at once when the replica's connection is up and
 has a free stream slot (the usual case), hears about its response through ``Response.notify``,
-retries before the first token on the same rules as ``Stream`` (next replica on the ring, up to
-``max_retries``; never after the first token), and calls ``on_done(timing, tokens)`` exactly once.
+retries before the first token on the same rules as ``Stream`` (both follow ``failover``: next
+replica on the ring, up to ``max_retries``; never after the first token), and calls
+``on_done(timing, tokens)`` exactly once.
 Only the rare cases (no connection yet, the peer's stream limit reached) fall back to a task.
 """
 
@@ -18,11 +19,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from zerolayer.client import failover
+from zerolayer.client.codec import Prepared, ZeroLayerError
+from zerolayer.client.failover import Action, Outcome, next_replica
 from zerolayer.client.h2conn import H2Connection
-from zerolayer.client.replica import Replica, take_attempt
+from zerolayer.client.replica import ReplicaEndpoint
 from zerolayer.client.stream import Response
-from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST, NO_REPLICA, Timing
-from zerolayer.client.wire import MARK_DOWN, Prepared, ZeroLayerError
+from zerolayer.client.timing import Timing
 
 OnDone = Callable[[Timing, int], None]
 
@@ -51,7 +54,7 @@ class Submission:
         self,
         client: Router,
         req: Prepared,
-        candidates: Iterator[Replica],
+        candidates: Iterator[ReplicaEndpoint],
         timing: Timing,
         on_done: OnDone,
         timeout_s: float,
@@ -62,7 +65,7 @@ class Submission:
         self.timing = timing
         self._on_done = on_done
         self._error: ZeroLayerError | None = None
-        self._replica: Replica | None = None
+        self._replica: ReplicaEndpoint | None = None
         self._resp: Response | None = None
         self.ended = False
         self.timed_out = False
@@ -74,21 +77,19 @@ class Submission:
         """Send to the next candidate replica, or end with the last error when none is left."""
         if self.ended:
             return
-        timing = self.timing
         client = self._client
-        for replica in self._candidates:
-            if not take_attempt(timing, replica, client.max_retries):
-                break
-            self._replica = replica
-            conn = replica.conn
-            if conn is not None and conn.usable and conn.has_slot:
-                self._send(conn)
-            else:
-                task = asyncio.ensure_future(self._send_later(replica))
-                client.background.add(task)
-                task.add_done_callback(client.background.discard)
+        replica = next_replica(self._candidates, self.timing, client.max_retries)
+        if replica is None:
+            self._end(failover.final_error(self._error, self.timed_out))
             return
-        self._end(self._error or ZeroLayerError(NO_REPLICA, "no replica is up"))
+        self._replica = replica
+        conn = replica.conn
+        if conn is not None and conn.usable and conn.has_slot:
+            self._send(conn)
+        else:
+            task = asyncio.ensure_future(self._send_later(replica))
+            client.background.add(task)
+            task.add_done_callback(client.background.discard)
 
     def _response(self) -> Response:
         resp = self._resp = Response(self.timing, self._req.chat, self._on_response)
@@ -100,16 +101,13 @@ class Submission:
         req = self._req
         conn.start(req.path, req.headers, req.body, self._response())
 
-    async def _send_later(self, replica: Replica) -> None:
+    async def _send_later(self, replica: ReplicaEndpoint) -> None:
         """The slow path: open the connection, or wait for a stream slot, then send."""
         client = self._client
         try:
             conn = await replica.connection(client.tls, client.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
-            replica.health.force_down()
-            self._error = ZeroLayerError(CONNECTION_LOST, f"{replica.url}: {exc}", retryable=True)
-            if not self.timed_out:
-                self.next_attempt()
+            self._follow(failover.unreachable(replica.url, exc, self.timed_out), replica, False)
             return
         if self.ended:
             return
@@ -120,23 +118,30 @@ class Submission:
         """The attempt is over: end, or move on to the next replica when that is safe."""
         if resp is not self._resp or self.ended:
             return
-        error = resp.error
-        if error is None:
+        self._follow(Outcome(resp.error, resp.committed, self.timed_out), self._replica, True)
+
+    def _follow(self, outcome: Outcome, replica: ReplicaEndpoint | None, in_dispatch: bool) -> None:
+        """Do what ``failover`` decides for an attempt's outcome. ``in_dispatch``: called from
+        inside the connection's event dispatch, so a retry waits for the next loop turn (the
+        next send may reuse that connection)."""
+        decision = failover.decide(outcome)
+        if decision.mark_down and replica is not None:
+            replica.health.force_down()
+        if decision.action is Action.DELIVER:
             self._end(None)
             return
-        self._error = error
-        if error.code in MARK_DOWN and self._replica is not None:
-            self._replica.health.force_down()
-        if error.retryable and not self.timed_out:
-            # Not from inside the connection's event dispatch: the next send may reuse it.
+        self._error = decision.error
+        if decision.action is Action.GIVE_UP:
+            self._end(decision.error)
+        elif in_dispatch:
             asyncio.get_running_loop().call_soon(self.next_attempt)
-            return
-        self._end(error)
+        else:
+            self.next_attempt()
 
     def _on_timeout(self) -> None:
         self._timer = None
         self.timed_out = True
-        error = ZeroLayerError(CLIENT_TIMEOUT, "no answer by deadline plus grace")
+        error = failover.final_error(None, timed_out=True)
         resp = self._resp
         if resp is not None and not resp.done:
             resp.fail(error)
@@ -152,8 +157,8 @@ class Submission:
             self._timer = None
         timing = self.timing
         timing.end_ns = _now()
-        if self.timed_out and (error is None or error.code != CLIENT_TIMEOUT):
-            error = ZeroLayerError(CLIENT_TIMEOUT, "no answer by deadline plus grace")
+        if self.timed_out:
+            error = failover.final_error(error, timed_out=True)
         if error is not None:
             timing.error_code = error.code
         resp = self._resp

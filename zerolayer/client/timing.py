@@ -42,7 +42,7 @@ class Timing:
 
     @property
     def outcome(self) -> str:
-        """``completed``, ``error`` or ``lost``: the three ends DESIGN.md allows a request."""
+        """``completed``, ``error`` or ``lost``: the three ends docs/design.md allows a request."""
         if self.error_code == CLIENT_TIMEOUT:
             return "lost"
         return "error" if self.error_code else "completed"

@@ -12,7 +12,7 @@ from serving.engine.types import Engine
 from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, Accounting, FsyncPolicy
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server.connection import Connections, ReplicaProtocol
-from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, Replica
+from zerolayer.server.core import DEFAULT_MAX_BODY_BYTES, ReplicaCore
 from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 
 DRAIN_TIMEOUT_S = 30.0
@@ -46,7 +46,7 @@ class ReplicaHandle:
 
     def __init__(
         self,
-        replica: Replica,
+        replica: ReplicaCore,
         server: asyncio.Server,
         connections: Connections,
         host: str,
@@ -120,11 +120,7 @@ async def start_replica(
     TLS: each client shows a certificate that CA signed, and the tenant it names
     (``auth.certificate_tenant``) goes to the authenticator. Call on the loop that will run it.
     """
-    if (tls_cert is None) != (tls_key is None):
-        raise ValueError("give both tls_cert and tls_key, or neither")
-    if tls_client_ca is not None and tls_cert is None:
-        raise ValueError("tls_client_ca needs tls_cert and tls_key")
-    context = tls_context(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
+    context = server_tls(tls_cert, tls_key, tls_client_ca)
     name = name or f"replica-{os.getpid()}"
     accounting = Accounting(
         accounting_path,
@@ -134,7 +130,7 @@ async def start_replica(
         max_tenants=limits.max_tenants,
         replica=name,
     )
-    replica = Replica(
+    replica = ReplicaCore(
         engine,
         name=name,
         config=scheduler_config,
@@ -144,16 +140,41 @@ async def start_replica(
         auth=auth,
     )
     connections = Connections(replica)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
+    server = await _listen(replica, connections, host, port, context, backlog)
+    accounting.start(replica.loop)
+    return ReplicaHandle(replica, server, connections, host, context is not None)
+
+
+def server_tls(
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    client_ca: str | os.PathLike[str] | None,
+) -> ssl.SSLContext | None:
+    """The TLS context ``start_replica``'s arguments ask for (None: clear text); ValueError for
+    a half-given pair."""
+    if (cert is None) != (key is None):
+        raise ValueError("give both tls_cert and tls_key, or neither")
+    if client_ca is not None and cert is None:
+        raise ValueError("tls_client_ca needs tls_cert and tls_key")
+    return tls_context(cert, key, client_ca) if cert and key else None
+
+
+async def _listen(
+    replica: ReplicaCore,
+    connections: Connections,
+    host: str,
+    port: int,
+    context: ssl.SSLContext | None,
+    backlog: int,
+) -> asyncio.Server:
+    handshake_timeout = replica.limits.handshake_timeout_s if context is not None else 0.0
+    return await replica.loop.create_server(
         lambda: ReplicaProtocol(replica, connections),
         host,
         port,
         ssl=context,
         # asyncio takes no 0 (its default, 60 s, then applies).
-        ssl_handshake_timeout=(limits.handshake_timeout_s or None) if context is not None else None,
+        ssl_handshake_timeout=handshake_timeout or None,
         backlog=backlog,
         reuse_address=True,
     )
-    accounting.start(loop)
-    return ReplicaHandle(replica, server, connections, host, context is not None)

@@ -21,7 +21,7 @@ from zerolayer.server.h1proto import H1Handler
 from zerolayer.server.h2proto import H2Handler
 
 if TYPE_CHECKING:
-    from zerolayer.server.core import Replica
+    from zerolayer.server.core import ReplicaCore
 
 log = logging.getLogger("zerolayer.server.connection")
 
@@ -40,7 +40,7 @@ class Connections:
 
     __slots__ = ("_unlogged", "_warn_after", "cap", "open", "replica")
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: ReplicaCore) -> None:
         self.replica = replica
         self.cap = replica.limits.connection_cap()
         self.open: set[ReplicaProtocol] = set()
@@ -82,7 +82,7 @@ class ReplicaProtocol(asyncio.Protocol):
     __slots__ = ("_buffer", "_opened_at", "_preface_timer", "connections", "handler",
                  "identity", "replica", "transport")  # fmt: skip
 
-    def __init__(self, replica: Replica, connections: Connections) -> None:
+    def __init__(self, replica: ReplicaCore, connections: Connections) -> None:
         self.replica = replica
         self.connections = connections
         self.transport: asyncio.Transport | None = None

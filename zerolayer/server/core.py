@@ -1,6 +1,6 @@
 """The replica's request handling, independent of the wire: routing, admission, the engine run.
 
-A protocol (HTTP/2 or HTTP/1.1) hands :meth:`Replica.on_request` a *sink* for each request, the
+A protocol (HTTP/2 or HTTP/1.1) hands :meth:`ReplicaCore.on_request` a *sink* for each request, the
 headers, and then the body as it arrives; everything after that talks to the sink only:
 
 - ``respond(status, headers, body)``: a whole response; a sink whose request body is not
@@ -25,9 +25,8 @@ import logging
 import os
 import time
 from collections import Counter
-from enum import Enum
 from functools import lru_cache
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from serving.auth import Authenticator
 from serving.engine.kv import blocks_for
@@ -66,6 +65,7 @@ from zerolayer.scheduler import (
 )
 from zerolayer.server import status
 from zerolayer.server.eager import start_eager
+from zerolayer.server.lifecycle import CallEvent, Lifecycle
 from zerolayer.server.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("zerolayer.server")
@@ -85,23 +85,8 @@ ROUTES: Final = {
     b"/health": (b"GET", "health"),
     b"/metrics": (b"GET", "metrics"),
 }
-
-
-class CallState(Enum):
-    """Where a call is: reading its body, queued for engine room, running, or over."""
-
-    BODY = "body"
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-
-
-# Module-level names, compared with ``is``: the state is checked for every chunk, and a global
-# lookup costs a fraction of an enum attribute lookup.
-BODY: Final = CallState.BODY
-QUEUED: Final = CallState.QUEUED
-RUNNING: Final = CallState.RUNNING
-DONE: Final = CallState.DONE
+# The routes answered on their headers alone, from the replica's own state.
+GET_ROUTES: Final = frozenset(kind for method, kind in ROUTES.values() if method == b"GET")
 
 
 class Sink(Protocol):
@@ -127,17 +112,57 @@ def _request_meta(fields: tuple[tuple[bytes, bytes], ...]) -> RequestMeta:
     return contract.parse_headers(fields)
 
 
-class Call:
-    """One generation request from its headers to its last byte."""
+class RequestHead(NamedTuple):
+    """What routing and admission read of a request's headers, in one pass over them.
+
+    ``content_length`` is -1 when absent and -2 when not a number; ``zl`` holds the contract
+    headers but the request id, which is read apart (it is no admission input)."""
+
+    method: bytes
+    path: bytes
+    content_length: int
+    zl: list[tuple[bytes, bytes]]
+    request_id: bytes | None
+    authorization: bytes | None
+
+
+def read_head(headers: list[tuple[bytes, bytes]]) -> RequestHead:
+    """One pass over a request's headers for what the replica reads of them."""
+    method = path = b""
+    content_length = -1
+    zl: list[tuple[bytes, bytes]] = []
+    request_id: bytes | None = None
+    authorization: bytes | None = None
+    for name, value in headers:
+        if name[0] == 58:  # b":"
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+        elif name[:3] == b"zl-":
+            if name == _REQUEST_ID:
+                request_id = value
+            else:
+                zl.append((name, value))
+        elif name == b"content-length":
+            content_length = int(value) if value.isdigit() else -2
+        elif name == b"authorization":
+            authorization = value
+    return RequestHead(method, path, content_length, zl, request_id, authorization)
+
+
+class Call(Lifecycle):
+    """One generation request from its headers to its last byte; its state moves only through
+    the lifecycle's table (``lifecycle.TRANSITIONS``)."""
 
     __slots__ = ("answer", "blocks", "body", "body_len", "completion_tokens", "deadline_at",
                  "engine_id", "id_headers", "kind", "launched", "max_body", "meta", "parts",
                  "prompt_tokens", "queue_entry", "replica", "request_id", "sink", "start_ns",
-                 "started", "state", "task", "timer")  # fmt: skip
+                 "started", "task", "timer")  # fmt: skip
 
     def __init__(
         self,
-        replica: Replica,
+        replica: ReplicaCore,
         sink: Sink,
         kind: str,
         meta: RequestMeta,
@@ -145,6 +170,7 @@ class Call:
         max_body: int,
         echo_id: bool,
     ) -> None:
+        super().__init__()
         self.replica = replica
         self.sink = sink
         self.kind = kind
@@ -154,7 +180,6 @@ class Call:
         self.id_headers = [(_REQUEST_ID, request_id.encode())] if echo_id else []
         self.engine_id = ""
         self.max_body = max_body
-        self.state: CallState = BODY
         self.parts: list[bytes] = []
         self.body_len = 0
         self.body: Body | None = None
@@ -174,7 +199,7 @@ class Call:
     # -- the request body ---------------------------------------------------------------------
 
     def on_data(self, data: bytes) -> None:
-        if self.state is not BODY:
+        if not self.accepts_data:
             return
         self.body_len += len(data)
         if self.body_len > self.max_body:
@@ -184,7 +209,7 @@ class Call:
 
     def on_end(self) -> None:
         """The body is complete: parse it once, admit on its cost, run or queue."""
-        if self.state is not BODY:
+        if not self.accepts_data:
             return
         replica = self.replica
         raw = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
@@ -259,7 +284,7 @@ class Call:
     def fail(self, error: ErrorCode, message: str, retry_after_ms: int | None = None) -> None:
         """End the request with an error: a whole error response if nothing was sent yet, else
         a final SSE error event and RST_STREAM(CANCEL)."""
-        if self.state is DONE:
+        if not self.is_open:
             return
         if self.started:
             self.sink.write(openai.error_event(error, message))
@@ -277,7 +302,7 @@ class Call:
         param: str | None = None,
     ) -> None:
         """Answer with an error before any output (the sink stops an unfinished upload)."""
-        if self.state is DONE:
+        if not self.is_open:
             return
         self.sink.respond(
             error.status,
@@ -291,20 +316,20 @@ class Call:
 
     def on_deadline(self) -> None:
         self.timer = None
-        if self.state is not DONE:
+        if self.is_open:
             self.stop()
             self.fail(DEADLINE_EXCEEDED, f"deadline of {self.meta.deadline_ms} ms expired")
 
     def on_reset(self) -> None:
         """The client reset the stream or the connection went away: stop the engine's work."""
-        if self.state is not DONE:
+        if self.is_open:
             self.stop()
             self.finish(CANCELLED)
 
     def stall(self) -> None:
         """The client read nothing for ``send_stall_s``: abort the engine request, reset the
         stream, account it as ``send_stalled``."""
-        if self.state is DONE:
+        if not self.is_open:
             return
         self.stop()
         self.sink.cancel()
@@ -314,9 +339,9 @@ class Call:
     def stop(self) -> None:
         """Leave the queue or stop the engine run (the engine request is aborted)."""
         replica = self.replica
-        if self.state is QUEUED and self.queue_entry is not None:
+        if self.is_queued and self.queue_entry is not None:
             replica.queue.remove(self.queue_entry)
-        elif self.state is RUNNING:
+        elif self.is_running:
             if not self.launched:
                 replica.mark_launched(self)
             task = self.task
@@ -325,9 +350,9 @@ class Call:
             replica.engine.abort(self.engine_id)
 
     def finish(self, outcome: str, error: str | None = None) -> None:
-        if self.state is DONE:
+        if not self.is_open:
             return
-        self.state = DONE
+        self.advance(CallEvent.FINISH)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -344,7 +369,7 @@ def served_models(engine: Engine, listed: str) -> frozenset[str]:
     return frozenset(names)
 
 
-class Replica:
+class ReplicaCore:
     """One engine, its scheduler and its counters; shared by every connection of the server."""
 
     def __init__(
@@ -365,7 +390,6 @@ class Replica:
         self.max_body_bytes = max_body_bytes
         self.accounting = accounting or Accounting(replica=name, max_tenants=limits.max_tenants)
         self.limits = limits
-        self.keepalive_s = limits.keepalive_s
         # None: every request is trusted as sent (local benchmarking); see server/auth.py.
         self.auth = auth
         self.loop = asyncio.get_running_loop()
@@ -409,56 +433,57 @@ class Replica:
         ``headers`` holds the pseudo-headers (``:method``, ``:path``) and the regular ones;
         ``identity`` is the tenant a verified client certificate names (mutual TLS), if any.
         """
-        method = path = b""
-        content_length = -1
-        zl: list[tuple[bytes, bytes]] = []
-        request_id: bytes | None = None
-        authorization: bytes | None = None
-        for name, value in headers:
-            if name[0] == 58:  # b":"
-                if name == b":method":
-                    method = value
-                elif name == b":path":
-                    path = value
-            elif name[:3] == b"zl-":
-                if name == _REQUEST_ID:
-                    request_id = value
-                else:
-                    zl.append((name, value))
-            elif name == b"content-length":
-                content_length = int(value) if value.isdigit() else -2
-            elif name == b"authorization":
-                authorization = value
+        head = read_head(headers)
+        path = head.path
         route = ROUTES.get(path)
         if route is None and b"?" in path:
             route = ROUTES.get(path.split(b"?", 1)[0])
         if route is None:
             self._refuse(sink, NOT_FOUND, f"no route for {path.decode('latin-1')}")
             return None
-        if method != route[0]:
+        if head.method != route[0]:
             message = f"{path.decode('latin-1')} takes {route[0].decode()}"
             self._refuse(sink, METHOD_NOT_ALLOWED, message)
             return None
         kind = route[1]
+        if kind in GET_ROUTES:
+            self._serve_get(sink, kind, head.authorization, identity)
+            return None
+        return self._admit(sink, kind, head, body_follows, identity)
+
+    def _serve_get(
+        self, sink: Sink, kind: str, authorization: bytes | None, identity: str | None
+    ) -> None:
+        """Answer ``/health``, ``/metrics`` or ``/v1/models`` (the last needs credentials, as
+        every /v1 route does in vllm serve)."""
         if kind == "health":
             body = status.health_body(self)
-            sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
-            return None
-        if kind == "metrics":
+            content_type = JSON
+        elif kind == "metrics":
             body = status.metrics_text(self)
-            sink.respond(200, [(b"content-type", status.METRICS_TYPE),
-                               (b"content-length", str(len(body)).encode())], body)  # fmt: skip
-            return None
-        if kind == "models":
-            if self.auth is not None:  # every /v1 route needs credentials, as in vllm serve
+            content_type = (b"content-type", status.METRICS_TYPE)
+        else:
+            if self.auth is not None:
                 try:
                     self.auth.credentials(authorization, identity)
                 except ContractError as exc:
                     self._refuse(sink, exc.error, exc.message)
-                    return None
+                    return
             body = self._models_body
-            sink.respond(200, [JSON, (b"content-length", str(len(body)).encode())], body)
-            return None
+            content_type = JSON
+        sink.respond(200, [content_type, (b"content-length", str(len(body)).encode())], body)
+
+    def _admit(
+        self,
+        sink: Sink,
+        kind: str,
+        head: RequestHead,
+        body_follows: bool,
+        identity: str | None,
+    ) -> Call | None:
+        """A generation request: check its id, contract headers and credentials, size and
+        admission on the headers; the Call that reads its body, or None once refused."""
+        request_id = head.request_id
         if request_id is not None and len(request_id) > self.limits.max_request_id_bytes:
             limit = self.limits.max_request_id_bytes
             self._refuse(sink, BAD_REQUEST, f"{contract.REQUEST_ID} is longer than {limit} bytes")
@@ -468,12 +493,13 @@ class Replica:
             self._refuse(sink, DRAINING, "the replica is draining", rid, retry_after_ms=0)
             return None
         try:
-            meta = _request_meta(tuple(zl))
+            meta = _request_meta(tuple(head.zl))
             if self.auth is not None:
-                meta = self.auth.authorize(meta, authorization, identity)
+                meta = self.auth.authorize(meta, head.authorization, identity)
         except ContractError as exc:
             self._refuse(sink, exc.error, exc.message, rid)
             return None
+        content_length = head.content_length
         if content_length == -2:
             self._refuse(sink, BAD_REQUEST, "content-length is not a number", rid, None, meta)
             return None
@@ -537,7 +563,7 @@ class Replica:
             self._start(call)
             return
         call.blocks = blocks_for(body.prompt_tokens + body.max_tokens, self.block_size)
-        call.state = QUEUED
+        call.advance(CallEvent.QUEUE)
         call.queue_entry = self.queue.push(
             call, call.meta.priority, call.deadline_at, body.prompt_tokens, call.blocks
         )
@@ -545,7 +571,7 @@ class Replica:
             self._pump_timer = self.loop.call_later(PUMP_INTERVAL_S, self._pump_tick)
 
     def _start(self, call: Call) -> None:
-        call.state = RUNNING
+        call.advance(CallEvent.START)
         call.queue_entry = None
         call.engine_id = f"{self.name}:{next(self._engine_ids)}"
         self._launching += 1
@@ -595,7 +621,7 @@ class Replica:
         queue = self.queue
         try:
             async for chunk in self.engine.generate(request):
-                if call.state is not RUNNING:
+                if not call.is_running:
                     return
                 call.on_chunk(chunk)
                 if queue:
@@ -603,7 +629,7 @@ class Replica:
                 waiter = call.sink.writable()
                 if waiter is not None and not await self._drained(call, waiter):
                     return
-            if call.state is RUNNING:
+            if call.is_running:
                 call.fail(ENGINE_DOWN, "the engine ended the stream without a finish reason")
         except asyncio.CancelledError:
             return
@@ -622,7 +648,7 @@ class Replica:
         except TimeoutError:
             call.stall()
             return False
-        return call.state is RUNNING
+        return call.is_running
 
     def finished(self, call: Call, outcome: str, error: str | None) -> None:
         """Count and account a call that ended; tokens are those the client was sent."""

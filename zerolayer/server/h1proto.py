@@ -31,7 +31,7 @@ from serving.wire import contract
 from serving.wire.contract import BAD_REQUEST, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, ErrorCode
 
 if TYPE_CHECKING:
-    from zerolayer.server.core import Call, Replica
+    from zerolayer.server.core import Call, ReplicaCore
 
 log = logging.getLogger("zerolayer.server.h1")
 
@@ -135,7 +135,7 @@ class H1Handler:
 
     def __init__(
         self,
-        replica: Replica,
+        replica: ReplicaCore,
         transport: asyncio.Transport,
         identity: str | None = None,
         header_started: float | None = None,

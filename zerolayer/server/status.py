@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 import orjson
 
-from serving.engine.types import Engine
+from serving.engine.types import Engine, EngineStats
 from zerolayer.accounting import Accounting
 from zerolayer.scheduler import SchedulerConfig
 
@@ -28,7 +28,8 @@ ALLOCATOR_METRICS: Final = {
 
 
 class Observed(Protocol):
-    """What ``/health`` and ``/metrics`` read of a replica (``core.Replica``, which calls them)."""
+    """What ``/health`` and ``/metrics`` read of a replica (``core.ReplicaCore``, which calls
+    them)."""
 
     @property
     def name(self) -> str: ...
@@ -103,65 +104,74 @@ def _escape(value: str) -> str:
 def metrics_text(replica: Observed) -> bytes:
     """The Prometheus exposition of the replica's gauges and counters."""
     stats = replica.engine.stats()
-    model = f'model_name="{_escape(replica.model)}"'
     queued = len(replica.queue)
+    lines = vllm_metrics(replica, stats, queued)
+    lines += replica_metrics(replica, stats, queued)
+    lines += outcome_metrics(replica)
+    for key, name in ALLOCATOR_METRICS.items():
+        if key in stats.allocator:
+            lines += [f"# TYPE {name} gauge", f"{name} {stats.allocator[key]}"]
+    lines += accounting_metrics(replica.accounting)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _metric(name: str, kind: str, text: str, value: object, labels: str = "") -> list[str]:
+    """One metric's HELP, TYPE and sample lines."""
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
+
+
+def vllm_metrics(replica: Observed, stats: EngineStats, queued: int) -> list[str]:
+    """The figures vLLM has too, under its names and its ``model_name`` label."""
+    model = f'{{model_name="{_escape(replica.model)}"}}'
+    return [
+        *_metric("vllm:kv_cache_usage_perc", "gauge",
+                 "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage, model),
+        *_metric("vllm:num_requests_running", "gauge",
+                 "Number of requests in model execution batches.", stats.running, model),
+        *_metric("vllm:num_requests_waiting", "gauge",
+                 "Number of requests waiting to be processed.", stats.waiting + queued, model),
+        *_metric("vllm:num_preemptions_total", "counter",
+                 "Cumulative number of preemption from the engine.", stats.preemptions, model),
+        *_metric("vllm:prefix_cache_queries_total", "counter",
+                 "Prefix cache queries, in terms of number of queried tokens.",
+                 stats.prefix_cache_queries, model),
+        *_metric("vllm:prefix_cache_hits_total", "counter",
+                 "Prefix cache hits, in terms of number of cached tokens.",
+                 stats.prefix_cache_hits, model),
+        *_metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                 replica.prompt_tokens_total, model),
+        *_metric("vllm:generation_tokens_total", "counter",
+                 "Number of generation tokens processed.", replica.generation_tokens_total, model),
+    ]  # fmt: skip
+
+
+def replica_metrics(replica: Observed, stats: EngineStats, queued: int) -> list[str]:
+    """The zero-layer replica's own gauges: its queue, connections, drain and KV detail."""
+    return [
+        *_metric("zl_queue_depth", "gauge",
+                 "Requests admitted by the replica and waiting for engine room.", queued),
+        *_metric("zl_active_requests", "gauge", "Requests admitted and not finished.",
+                 replica.active),
+        *_metric("zl_connections", "gauge", "Open client connections.", replica.connections),
+        *_metric("zl_refused_connections_total", "counter",
+                 "Connections closed at once for being past the cap.",
+                 replica.refused_connections),
+        *_metric("zl_draining", "gauge", "1 while the replica drains.", int(replica.draining)),
+        *_metric("zl_kv_waste_ratio", "gauge",
+                 "KV internal fragmentation: 1 - live tokens / used capacity.", stats.kv_waste),
+        *_metric("zl_kv_live_tokens", "gauge", "Tokens held in the KV cache.",
+                 stats.live_tokens),
+        *_metric("zl_kv_blocks_used", "gauge", "KV blocks in use.", stats.kv_blocks_used),
+        *_metric("zl_kv_blocks_total", "gauge", "KV blocks the engine has.",
+                 stats.kv_blocks_total),
+        *_metric("zl_engine_busy_seconds_total", "counter",
+                 "Time the engine spent running steps.", stats.busy_time_s),
+    ]  # fmt: skip
+
+
+def outcome_metrics(replica: Observed) -> list[str]:
+    """Refusals and failures by error code, and generation requests by outcome."""
     lines = [
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-        "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{model}}} {stats.kv_usage}",
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{model}}} {stats.running}",
-        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{model}}} {stats.waiting + queued}",
-        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
-        "# TYPE vllm:num_preemptions_total counter",
-        f"vllm:num_preemptions_total{{{model}}} {stats.preemptions}",
-        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of "
-        "queried tokens.",
-        "# TYPE vllm:prefix_cache_queries_total counter",
-        f"vllm:prefix_cache_queries_total{{{model}}} {stats.prefix_cache_queries}",
-        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached "
-        "tokens.",
-        "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{{model}}} {stats.prefix_cache_hits}",
-        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-        "# TYPE vllm:prompt_tokens_total counter",
-        f"vllm:prompt_tokens_total{{{model}}} {replica.prompt_tokens_total}",
-        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-        "# TYPE vllm:generation_tokens_total counter",
-        f"vllm:generation_tokens_total{{{model}}} {replica.generation_tokens_total}",
-        "# HELP zl_queue_depth Requests admitted by the replica and waiting for engine room.",
-        "# TYPE zl_queue_depth gauge",
-        f"zl_queue_depth {queued}",
-        "# HELP zl_active_requests Requests admitted and not finished.",
-        "# TYPE zl_active_requests gauge",
-        f"zl_active_requests {replica.active}",
-        "# HELP zl_connections Open client connections.",
-        "# TYPE zl_connections gauge",
-        f"zl_connections {replica.connections}",
-        "# HELP zl_refused_connections_total Connections closed at once for being past the cap.",
-        "# TYPE zl_refused_connections_total counter",
-        f"zl_refused_connections_total {replica.refused_connections}",
-        "# HELP zl_draining 1 while the replica drains.",
-        "# TYPE zl_draining gauge",
-        f"zl_draining {int(replica.draining)}",
-        "# HELP zl_kv_waste_ratio KV internal fragmentation: 1 - live tokens / used capacity.",
-        "# TYPE zl_kv_waste_ratio gauge",
-        f"zl_kv_waste_ratio {stats.kv_waste}",
-        "# HELP zl_kv_live_tokens Tokens held in the KV cache.",
-        "# TYPE zl_kv_live_tokens gauge",
-        f"zl_kv_live_tokens {stats.live_tokens}",
-        "# HELP zl_kv_blocks_used KV blocks in use.",
-        "# TYPE zl_kv_blocks_used gauge",
-        f"zl_kv_blocks_used {stats.kv_blocks_used}",
-        "# HELP zl_kv_blocks_total KV blocks the engine has.",
-        "# TYPE zl_kv_blocks_total gauge",
-        f"zl_kv_blocks_total {stats.kv_blocks_total}",
-        "# HELP zl_engine_busy_seconds_total Time the engine spent running steps.",
-        "# TYPE zl_engine_busy_seconds_total counter",
-        f"zl_engine_busy_seconds_total {stats.busy_time_s}",
         "# HELP zl_refusals_total Requests answered with an error before any output, by code.",
         "# TYPE zl_refusals_total counter",
     ]
@@ -178,11 +188,7 @@ def metrics_text(replica: Observed) -> bytes:
     lines += [
         f'zl_requests_total{{outcome="{o}"}} {n}' for o, n in sorted(replica.outcomes.items())
     ]
-    for key, name in ALLOCATOR_METRICS.items():
-        if key in stats.allocator:
-            lines += [f"# TYPE {name} gauge", f"{name} {stats.allocator[key]}"]
-    lines += accounting_metrics(replica.accounting)
-    return ("\n".join(lines) + "\n").encode()
+    return lines
 
 
 def accounting_metrics(accounting: Accounting) -> list[str]:

@@ -21,7 +21,7 @@ import torch
 
 from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from serving.engine.kv import KVBlockManager
-from serving.engine.tokens import VOCAB_SIZE, detokenize
+from serving.engine.streams import VOCAB_SIZE, detokenize
 from serving.engine.torch_engine.kv_contiguous import ContiguousKVStore
 from serving.engine.torch_engine.kv_paged import PagedKVPool
 from serving.engine.torch_engine.model import build_model, get_shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xxhash
 
-from serving.engine.tokens import token_ids
+from serving.engine.streams import token_ids
 from serving.engine.types import EngineRequest
 
 

@@ -1,0 +1,65 @@
+"""A run's report at its end: report.html rendered, then the summary table and the stacks'
+labels printed for whoever watched the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.runner.console import fmt_ms, say
+from harness.runner.results import RunDir
+from harness.schema import SummaryRow
+from harness.tables import Align, Column, text_table
+
+SUMMARY_COLUMNS = (
+    Column("stack", align=Align.LEFT, width=10),
+    Column("profile", align=Align.LEFT, width=20),
+    *(Column(h, width=w) for h, w in (("done", 6), ("err", 5), ("lost", 5), ("TTFT p50", 9),
+      ("E2EL p50", 9), ("E2EL p99", 9), ("E2EL std", 9), ("req/s", 7), ("good/s", 7),
+      ("host%", 5))),
+    Column("valid", align=Align.LEFT),
+)  # fmt: skip
+
+
+def _fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
+    """The warning under a table where the host's cores were all near full in some phase."""
+    busy = [f"{r.stack}/{r.profile}" for r in rows if r.host_saturated]
+    if not busy:
+        return []
+    return [
+        f"host CPU saturated during {', '.join(busy)}: these latencies measure the stacks' "
+        "processes and the loader fighting for the cores, not the stacks' design"
+    ]
+
+
+def summary_table(rows: Sequence[SummaryRow]) -> str:
+    body = []
+    for r in rows:
+        ttft = fmt_ms(r.stat("median_ttft_ms")) + ("*" if r.ttft_is_first_byte else "")
+        stats = [fmt_ms(r.stat(k)) for k in ("median_e2el_ms", "p99_e2el_ms", "std_e2el_ms")]
+        body.append([
+            r.stack, r.profile, str(r.completed), str(r.errors), str(r.lost), ttft, *stats,
+            f"{r.request_throughput:.2f}", f"{r.request_goodput:.2f}",
+            _fmt_pct(r.host_cpu_pct), "yes" if r.valid else "NO: " + "; ".join(r.invalid_reasons),
+        ])  # fmt: skip
+    lines = [text_table(SUMMARY_COLUMNS, body, rule=True)]
+    if any(r.ttft_is_first_byte for r in rows):
+        lines.append("* time to first byte: this loader cannot see tokens as they stream")
+    lines.extend(_host_note(rows))
+    return "\n".join(lines)
+
+
+def render(run: RunDir) -> None:
+    """report.html for the run as it stands, and its rows at the console."""
+    from bench.report import html
+
+    say("rendering report")
+    report = html.render(run.path)
+    if run.summary:
+        print(summary_table(run.summary), flush=True)
+        for name, label in run.meta.stack_labels().items():
+            print(f"{name}: {label}", flush=True)
+    say(f"report: {report}")

@@ -1,0 +1,77 @@
+"""The peer ``vllm-serve``: vLLM's own OpenAI server, one process group per replica, load spread
+over them by the SDK's ring (an :class:`~harness.stacks.clients.Http1Router`). Real vLLM engine
+only; no faults are defined for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.stacks.clients import openai_server_body
+from harness.stacks.processes import VllmServer
+from harness.stacks.spec import StackName, StackSpec, auth_label
+from harness.stacks.stack import Stack, StackKind
+from harness.stacks.zerolayer import engine_metrics
+from harness.telemetry import EngineTarget
+from serving.engine.kinds import engine_kind
+
+
+class VllmServeKind(StackKind):
+    """vLLM's own server per replica; the client routes over them as the zero-layer SDK does."""
+
+    name = StackName.VLLM_SERVE
+    summary = "vLLM's own OpenAI server per replica (--engine vllm only)"
+    client_routes = True
+
+    def check(self, spec: StackSpec) -> None:
+        if not spec.urls and not engine_kind(spec.engine).serves_vllm:
+            raise ValueError(
+                f"the vllm-serve stack is vLLM's own server: it needs --engine vllm, "
+                f"not {spec.engine!r}"
+            )
+
+    def stand_up(self, spec: StackSpec, workdir: Path) -> Stack:
+        started = self._start_servers(spec, workdir)
+        metadata = {
+            "impl": "vllm api_server processes",
+            "label": f"vLLM's own server x{spec.replicas}",
+            "replicas": spec.replicas,
+            "engine": spec.engine,
+            "engine_options": dict(spec.engine_options),
+            "command": started[0].command[:-2],
+            "auth": auth_label(spec, checks_keys=False),
+        }
+        return Stack(
+            spec,
+            [s.url for s in started],
+            kind=self,
+            metadata=metadata,
+            servers=started,
+            model=str(spec.engine_options.get("model", "")),
+            extra_body=openai_server_body(spec.engine_options),
+        )
+
+    @staticmethod
+    def _start_servers(spec: StackSpec, workdir: Path) -> list[VllmServer]:
+        """Every server started at once, then each waited for; all stopped if one fails."""
+        started: list[VllmServer] = []
+        try:
+            for i in range(spec.replicas):
+                started.append(VllmServer(spec.engine_options, workdir / f"vllm-serve-{i}.log"))
+            for server in started:
+                server.wait_ready()
+        except BaseException:
+            for server in started:
+                server.stop()
+            raise
+        return started
+
+    def pids(self, stack: Stack) -> dict[str, list[int]]:
+        """Each server as ``replica``, its children (vLLM's engine cores) as ``engine``."""
+        return {
+            "replica": [s.pid for s in stack.servers if s.alive()],
+            "engine": [pid for s in stack.servers for pid in s.children()],
+        }
+
+    def engine_targets(self, stack: Stack) -> list[EngineTarget]:
+        """Each vLLM server's own ``/metrics``."""
+        return engine_metrics("vllm", stack)

@@ -1,0 +1,103 @@
+"""The zero-layer stack: one ``zl-replica`` process per engine replica, as deployed (the loader
+and the servers compete for the cores as in production, and chaos can signal each one), the
+SDK's ring over every replica picking where each request goes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.stacks.processes import (
+    READY_TIMEOUT_S,
+    VLLM_READY_TIMEOUT_S,
+    ReplicaProcess,
+    descendants,
+    spawn_replica,
+    stop_pids,
+)
+from harness.stacks.spec import StackName, StackSpec, auth_label
+from harness.stacks.stack import ALL_FAULTS, Restore, Stack, StackKind
+from harness.stacks.tls import serving_certificate
+from harness.telemetry import EngineTarget
+from serving.engine.kinds import engine_kind
+
+
+def engine_metrics(prefix: str, stack: Stack) -> list[EngineTarget]:
+    """Each replica's own ``/metrics`` as an engine telemetry source named ``prefix-i``."""
+    return [
+        EngineTarget.metrics(f"{prefix}-{i}", stack.name, f"{url}/metrics", tls_ca=stack.tls_ca)
+        for i, url in enumerate(stack.urls)
+    ]
+
+
+class ZeroLayerKind(StackKind):
+    """The system under test: killed replicas come back by their own command, on their port."""
+
+    name = StackName.ZEROLAYER
+    summary = "zl-replica processes, the zero-layer SDK routing over them"
+    protocol = "h2"
+    client_routes = True
+    engine_role = "replica"
+    faults = ALL_FAULTS
+    restore = Restore.BY_COMMAND
+
+    def stand_up(self, spec: StackSpec, workdir: Path) -> Stack:
+        tls = serving_certificate(workdir) if spec.tls else None
+        started = self._start_replicas(spec, workdir, tls)
+        metadata = {
+            "impl": "zl-replica processes",
+            "label": f"zero-layer: zl-replica x{spec.replicas}, {spec.engine} engine",
+            "replicas": spec.replicas,
+            "engine": spec.engine,
+            "engine_options": dict(spec.engine_options),
+            "tls": spec.tls,
+            "auth": auth_label(spec),
+        }
+        urls = [r.url for r in started]
+        tls_ca = tls[0] if tls else None
+        return Stack(spec, urls, kind=self, metadata=metadata, replicas=started, tls_ca=tls_ca)
+
+    @staticmethod
+    def _start_replicas(
+        spec: StackSpec, workdir: Path, tls: tuple[Path, Path] | None
+    ) -> list[ReplicaProcess]:
+        """Every replica started at once, then each waited for; all stopped if one fails."""
+        started: list[ReplicaProcess] = []
+        creds = spec.credentials
+        auth_args = [] if creds is None else ["--api-keys", str(creds.key_file)]
+        # A real vLLM engine starts in ~30 s alone on 2 cores; replicas start together.
+        slow = engine_kind(spec.engine).serves_vllm
+        ready_timeout_s = VLLM_READY_TIMEOUT_S if slow else READY_TIMEOUT_S
+        try:
+            for i in range(spec.replicas):
+                started.append(
+                    ReplicaProcess(
+                        spec.engine,
+                        spec.engine_options,
+                        name=f"zl-{i}",
+                        extra_args=auth_args,
+                        tls=tls,
+                        log_path=workdir / f"zl-replica-{i}.log",
+                        ready_timeout_s=ready_timeout_s,
+                        wait=False,
+                    )
+                )
+            for replica in started:
+                replica.wait_ready()
+        except BaseException:
+            stop_pids([r.pid for r in started])
+            raise
+        return started
+
+    def pids(self, stack: Stack) -> dict[str, list[int]]:
+        """``replica``, and their children (vLLM's engine cores) as ``engine``."""
+        live = [r.pid for r in stack.replicas if r.alive()]
+        engines = [p.pid for pid in live for p in descendants(pid)]
+        return {"replica": live, "engine": engines} if engines else {"replica": live}
+
+    def engine_targets(self, stack: Stack) -> list[EngineTarget]:
+        """Each replica's ``/metrics``."""
+        return engine_metrics("zl", stack)
+
+    def restart(self, command: Sequence[str], log_path: str | Path) -> int:
+        return spawn_replica(command, log_path).pid

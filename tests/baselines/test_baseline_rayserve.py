@@ -1,0 +1,643 @@
+"""The Ray Serve baseline against real Ray Serve: one local Ray for the whole module.
+
+Every client call has a bounded timeout, so a hang fails the test instead of stalling the suite.
+The module stands Ray up once (about 10 s on 2 cores) and the last test tears it down and checks
+that no Ray process is left; the whole module takes about a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import itertools
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import psutil
+import pytest
+
+from baselines.rayserve import BaselineHandle, start_baseline
+from baselines.rayserve.config import TenantBudget
+from serving.engine import EngineRequest, make_engine
+from serving.wire.tokens import count_prompt_tokens, request_seed
+from tests.support.replica_thread import replica_in_thread
+
+ENGINE_OPTIONS: dict[str, Any] = {"max_num_seqs": 64}
+INFLIGHT = 16
+QUEUE = 2
+TIMEOUT_S = 20.0
+
+
+class Reply:
+    """One HTTP/1.1 exchange as the client saw it (or the error that ended it)."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, error: str = "") -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.error = error
+
+    def events(self) -> list[Any]:
+        """The SSE ``data:`` payloads, decoded (``[DONE]`` stays a string)."""
+        out: list[Any] = []
+        for block in self.body.split(b"\n\n"):
+            if block.startswith(b"data: "):
+                data = block[6:]
+                out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+        return out
+
+    def text(self) -> str:
+        return "".join(
+            e["choices"][0].get("text") or e["choices"][0].get("delta", {}).get("content", "")
+            for e in self.events()
+            if isinstance(e, dict) and e.get("choices")
+        )
+
+
+def call(
+    port: int,
+    path: str,
+    body: dict[str, Any] | bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = TIMEOUT_S,
+) -> Reply:
+    """One request on a fresh keep-alive-capable connection; transport failures are recorded."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    raw = body if isinstance(body, bytes) else None if body is None else orjson.dumps(body)
+    try:
+        conn.request("GET" if raw is None else "POST", path, body=raw, headers=headers or {})
+        response = conn.getresponse()
+        status, head = response.status, {k.lower(): v for k, v in response.getheaders()}
+        try:
+            return Reply(status, head, response.read())
+        except (http.client.HTTPException, OSError) as exc:
+            return Reply(status, head, b"", error=repr(exc))
+    except (http.client.HTTPException, OSError) as exc:
+        return Reply(0, {}, b"", error=repr(exc))
+    finally:
+        conn.close()
+
+
+def concurrently(jobs: list[Any]) -> list[Reply]:
+    """Run ``call`` argument tuples at once on threads (bounded: one thread per job)."""
+    replies: list[Reply | None] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        replies[i] = call(*jobs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S * 2)
+    assert all(r is not None for r in replies), "a client thread hung"
+    return [r for r in replies if r is not None]
+
+
+def engine_text(prompt: str, max_tokens: int, seed: int | None = None) -> tuple[str, int]:
+    """The same request straight to an in-process engine built with the same options."""
+
+    async def run() -> tuple[str, int]:
+        engine = make_engine("sim", **ENGINE_OPTIONS)
+        request = EngineRequest(
+            "direct", count_prompt_tokens(prompt), max_tokens, request_seed(prompt, seed)
+        )
+        parts, tokens = [], 0
+        async for chunk in engine.generate(request):
+            parts.append(chunk.text)
+            tokens = chunk.completion_tokens
+        await engine.close()
+        return "".join(parts), tokens
+
+    return asyncio.run(run())
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def baseline() -> Iterator[BaselineHandle]:
+    handle = start_baseline(
+        engine="sim",
+        replicas=2,
+        engine_options=ENGINE_OPTIONS,
+        max_inflight=INFLIGHT,
+        max_queue=QUEUE,
+        tenant_budgets={"tiny": TenantBudget(rate=10.0, burst=100.0)},
+    )
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+@pytest.fixture(scope="module")
+def port(baseline: BaselineHandle) -> int:
+    return baseline.config.port
+
+
+def test_health_models_and_metadata(baseline: BaselineHandle, port: int) -> None:
+    assert call(port, "/health").status == 200
+    models = orjson.loads(call(port, "/v1/models").body)
+    assert models["data"][0]["id"] == "zl-sim"
+    meta = baseline.metadata
+    assert meta["health_check_period_s"] == 1.0
+    assert meta["engine_max_ongoing_requests"] == ENGINE_OPTIONS["max_num_seqs"]
+    assert meta["router_kwargs"] == {"num_virtual_nodes": 100, "num_fallback_replicas": 2}
+    assert meta["serve_constants"]["SERVE_SESSION_ID"]  # as a worker of the cluster sees it
+    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" in meta["serve_constants"]
+    pids = baseline.pids()
+    assert len(pids["engine"]) == 2 and len(pids["ingress"]) == 1
+    assert pids["proxy"] and pids["controller"]
+    assert all(psutil.pid_exists(p) for group in pids.values() for p in group)
+
+
+def test_stream_matches_the_engine_called_directly(port: int) -> None:
+    prompt = "the same request gives the same tokens " * 5
+    reply = call(
+        port,
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": 24, "stream": True},
+        {"zl-session": "same-stream"},
+    )
+    assert reply.status == 200 and not reply.error
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = reply.events()
+    assert events[-1] == "[DONE]"
+    assert len(events) > 2, "one event per engine step, not one blob"
+    expected, tokens = engine_text(prompt, 24)
+    assert reply.text() == expected
+    last = events[-2]
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == tokens == 24
+
+
+def test_chat_and_explicit_seed_match_the_engine(port: int) -> None:
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 9, "seed": 1234}
+    reply = call(port, "/v1/chat/completions", body, {"zl-session": "chat"})
+    assert reply.status == 200
+    doc = orjson.loads(reply.body)
+    assert doc["choices"][0]["message"]["content"] == engine_text("hello", 9, seed=1234)[0]
+    streamed = call(port, "/v1/chat/completions", {**body, "stream": True}, {"zl-session": "x"})
+    assert streamed.text() == doc["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def zerolayer_port() -> Iterator[int]:
+    """A zero-layer replica over the same engine options, on its own loop in a thread."""
+    with replica_in_thread("sim", **ENGINE_OPTIONS) as replica_port:
+        yield replica_port
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "identical on both stacks " * 3, "max_tokens": 20}),
+        ("/v1/completions", {"prompt": "seeded", "max_tokens": 7, "seed": 99}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 11}),
+    ],
+)  # fmt: skip
+def test_stream_matches_the_zero_layer_replica(
+    port: int, zerolayer_port: int, path: str, body: dict[str, Any]
+) -> None:
+    request = {**body, "stream": True}
+    ours = call(port, path, request, {"zl-session": "cmp"})
+    theirs = call(zerolayer_port, path, request, {"zl-session": "cmp"})
+    assert ours.status == theirs.status == 200
+    assert ours.text() == theirs.text() != ""
+    assert ours.events()[-1] == theirs.events()[-1] == "[DONE]"
+    # How many steps one SSE event carries depends on how loaded the machine is (a slow reader
+    # gets steps merged), so compare what is reported, not how the stream was cut into events.
+    usage = [[e["usage"] for e in r.events() if isinstance(e, dict) and e.get("usage")]
+             for r in (ours, theirs)]  # fmt: skip
+    assert usage[0] == usage[1] and len(usage[0]) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "code"),
+    [
+        ("/v1/completions", b"{not json", {}, 400, "bad_request"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, {}, 400, "bad_request"),
+        ("/v1/completions", {"prompt": "x"}, {"zl-priority": "urgent"}, 400, "bad_request"),
+        ("/v1/completions", {"prompt": "x"}, {"zl-deadline-ms": "-5"}, 400, "bad_request"),
+        (
+            "/v1/completions",
+            {"prompt": "x" * 280_000, "max_tokens": 65536},
+            {},
+            400,
+            "prompt_too_long",
+        ),  # refused by the engine itself, passed through by the ingress
+        ("/v1/nothing", None, {}, 404, "not_found"),
+        ("/v1/models", {"prompt": "x"}, {}, 405, "method_not_allowed"),
+    ],
+)
+def test_bad_input_gets_the_contract_error(
+    port: int, path: str, body: Any, headers: dict[str, str], status: int, code: str
+) -> None:
+    reply = call(port, path, body, headers)
+    assert reply.status == status
+    assert reply.headers["zl-error"] == code
+    assert orjson.loads(reply.body)["error"]["code"] == code
+
+
+def test_every_request_gets_a_log_line(baseline: BaselineHandle, port: int) -> None:
+    import ray
+
+    request_id = f"log-probe-{os.getpid()}"
+    reply = call(port, "/v1/completions", {"prompt": "log me"}, {"zl-request-id": request_id})
+    assert reply.status == 200 and reply.headers["zl-request-id"] == request_id
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+
+    def logged() -> bool:
+        return any(
+            f"zl-request id={request_id} " in path.read_text(errors="replace")
+            for path in logs.glob("replica_zl-baseline_Orchestrator_*.log")
+        )
+
+    wait_for(logged, 10, "the ingress's log line")
+
+
+def test_tenant_over_budget_gets_429_budget_exceeded(port: int) -> None:
+    body = {"prompt": "cost", "max_tokens": 60}
+    first = call(port, "/v1/completions", body, {"zl-tenant": "tiny"})
+    second = call(port, "/v1/completions", body, {"zl-tenant": "tiny"})
+    assert first.status == 200
+    assert second.status == 429 and second.headers["zl-error"] == "budget_exceeded"
+    assert int(second.headers["retry-after-ms"]) > 0
+    assert call(port, "/v1/completions", body, {"zl-tenant": "other"}).status == 200
+
+
+def test_full_queue_gets_429_queue_full_with_a_retry_hint(port: int) -> None:
+    body = {"prompt": "long", "max_tokens": 300, "stream": True}
+    jobs = [(port, "/v1/completions", body, {"zl-session": f"q{i}"}) for i in range(24)]
+    replies = concurrently(jobs)
+    refused = [r for r in replies if r.status == 429]
+    assert {r.status for r in replies} <= {200, 429}
+    assert len(refused) >= 24 - INFLIGHT - QUEUE
+    for reply in refused:
+        assert reply.headers["zl-error"] == "queue_full"
+        assert int(reply.headers["retry-after-ms"]) >= 10
+    for reply in replies:
+        if reply.status == 200:
+            assert reply.events()[-1] == "[DONE]"
+
+
+def test_deadline_mid_stream_ends_with_an_error_event(port: int) -> None:
+    body = {"prompt": "slow", "max_tokens": 2000, "stream": True}
+    reply = call(port, "/v1/completions", body, {"zl-deadline-ms": "150"})
+    assert reply.status == 200
+    last = reply.events()[-1]
+    assert last["error"]["code"] == "deadline_exceeded"
+
+
+# -- the real ``openai`` client, on both stacks -------------------------------------------------
+# These come before the fault-injection tests below: those kill Serve's replicas and the last one
+# shuts Ray down, and every test here needs both stacks up and healthy.
+
+STACKS = ("port", "zerolayer_port")  # the fixtures: the Ray Serve baseline, the zero-layer replica
+UNIFORM_LOGPROB = -math.log(4096)  # the sim draws every token uniformly over 4096 ids
+FINGERPRINT = "zerolayer-sim"
+SEED = 4321
+# vLLM's own fields go in ``extra_body`` (the client has no argument for them); the standard
+# sampling fields beside them. The sim records them: the text depends on the prompt and seed only.
+SAMPLING: dict[str, Any] = {
+    "logit_bias": {"17": -5},
+    "seed": SEED,
+    "top_p": 0.9,
+    "extra_body": {"min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2},
+}
+
+
+@pytest.fixture(params=STACKS, ids=("rayserve", "zerolayer"))
+def stack_port(request: pytest.FixtureRequest) -> int:
+    """One stack's port; both stacks are the module's, started once."""
+    return int(request.getfixturevalue(request.param))
+
+
+def openai_client(port: int) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="any", timeout=10, max_retries=0
+    )
+
+
+@pytest.fixture
+def client(stack_port: int) -> Iterator[openai.OpenAI]:
+    with openai_client(stack_port) as sync_client:
+        yield sync_client
+
+
+@pytest.fixture
+def model(client: openai.OpenAI) -> str:
+    """The model the stack lists (the baseline and the replica name the sim differently)."""
+    return client.models.list().data[0].id
+
+
+def stop_reason(choice: Any) -> Any:
+    """vLLM's ``stop_reason``, which the client keeps as an extra field of the choice."""
+    extra = choice.model_extra or {}
+    assert "stop_reason" in extra, "every choice carries stop_reason, as vLLM's do"
+    return extra["stop_reason"]
+
+
+def assert_final_usage(chunk: Any, prompt: str, max_tokens: int) -> None:
+    """The usage chunk of ``include_usage``: no choices, the totals, the fingerprint."""
+    assert chunk.choices == []
+    prompt_tokens = count_prompt_tokens(prompt)
+    assert chunk.usage.prompt_tokens == prompt_tokens
+    assert chunk.usage.completion_tokens == max_tokens  # the sim always runs to max_tokens
+    assert chunk.usage.total_tokens == prompt_tokens + max_tokens
+    assert chunk.system_fingerprint == FINGERPRINT
+
+
+def assert_completion_logprobs(text: str, parts: list[Any], max_tokens: int) -> None:
+    """vLLM's completions logprobs (one or more streamed parts, joined): one entry per output
+    token, offsets into the text, and the token plus its alternatives, 2 in all."""
+    tokens = [t for part in parts for t in part.tokens]
+    assert len(tokens) == max_tokens and "".join(tokens) == text
+    assert [t for part in parts for t in part.token_logprobs] == pytest.approx(
+        [UNIFORM_LOGPROB] * max_tokens
+    )
+    offsets = list(itertools.accumulate(map(len, tokens), initial=0))[:-1]
+    assert [o for part in parts for o in part.text_offset] == offsets
+    tops = [top for part in parts for top in part.top_logprobs]
+    assert [len(top) for top in tops] == [2] * max_tokens
+    assert all(token in top for token, top in zip(tokens, tops, strict=True))
+    assert all(v == pytest.approx(UNIFORM_LOGPROB) for top in tops for v in top.values())
+
+
+def assert_chat_logprobs(text: str, content: list[Any], max_tokens: int) -> None:
+    """vLLM's chat logprobs: one entry per output token with its UTF-8 bytes and 2 alternatives."""
+    assert len(content) == max_tokens and "".join(e.token for e in content) == text
+    for entry in content:
+        assert entry.logprob == pytest.approx(UNIFORM_LOGPROB)
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert all(t.logprob == pytest.approx(UNIFORM_LOGPROB) for t in entry.top_logprobs)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=("whole", "streamed"))
+def test_openai_client_completion_with_vllm_fields_and_logprobs(
+    client: openai.OpenAI, model: str, stream: bool
+) -> None:
+    prompt, max_tokens = "the openai client asks for a completion", 12
+    args: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    args |= {"logprobs": 2, **SAMPLING}
+    if stream:
+        chunks = list(
+            client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+        )
+        assert_final_usage(chunks[-1], prompt, max_tokens)
+        assert all(c.usage is None and c.system_fingerprint is None for c in chunks[:-1])
+        choices = [c.choices[0] for c in chunks[:-1]]
+        assert len(choices) > 1
+    else:
+        response = client.completions.create(**args)
+        assert response.system_fingerprint == FINGERPRINT and response.model == model
+        assert response.usage is not None
+        assert response.usage.completion_tokens == max_tokens
+        assert response.usage.prompt_tokens == count_prompt_tokens(prompt)
+        choices = response.choices
+        assert len(choices) == 1
+    text = "".join(c.text for c in choices)
+    assert text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert [c.finish_reason for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert all(stop_reason(c) is None for c in choices)
+    assert_completion_logprobs(text, [c.logprobs for c in choices if c.logprobs], max_tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=("whole", "streamed"))
+def test_openai_client_chat_with_vllm_fields_and_logprobs(
+    client: openai.OpenAI, model: str, stream: bool
+) -> None:
+    prompt, max_tokens = "the openai client asks for a chat answer", 10
+    args: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_completion_tokens": max_tokens,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **SAMPLING,
+    }
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, **args
+            )
+        )
+        assert_final_usage(chunks[-1], prompt, max_tokens)
+        assert all(c.usage is None and c.system_fingerprint is None for c in chunks[:-1])
+        choices = [c.choices[0] for c in chunks[:-1]]
+        assert len(choices) > 1 and choices[0].delta.role == "assistant"
+        text = "".join(c.delta.content or "" for c in choices)
+        content = [e for c in choices if c.logprobs for e in c.logprobs.content or []]
+    else:
+        response = client.chat.completions.create(**args)
+        assert response.system_fingerprint == FINGERPRINT and response.model == model
+        assert response.usage is not None
+        assert response.usage.completion_tokens == max_tokens
+        assert response.usage.prompt_tokens == count_prompt_tokens(prompt)
+        choices = response.choices
+        assert len(choices) == 1 and choices[0].message.role == "assistant"
+        text = choices[0].message.content or ""
+        assert choices[0].logprobs is not None
+        content = choices[0].logprobs.content or []
+    assert text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert [c.finish_reason for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert all(stop_reason(c) is None for c in choices)
+    assert_chat_logprobs(text, content, max_tokens)
+
+
+def test_async_openai_client_streams_chat_and_completes(stack_port: int) -> None:
+    chat_prompt, prompt, max_tokens = "async chat", "async completion", 8
+
+    async def run() -> tuple[str, list[Any], Any]:
+        async with openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{stack_port}/v1", api_key="any", timeout=10, max_retries=0
+        ) as client:
+            model = (await client.models.list()).data[0].id
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": chat_prompt}],
+                max_tokens=max_tokens,
+                seed=SEED,
+                stream=True,
+            )
+            chunks = [chunk async for chunk in stream]
+            completion = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=max_tokens, seed=SEED
+            )
+            return model, chunks, completion
+
+    model, chunks, completion = asyncio.run(run())
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == engine_text(chat_prompt, max_tokens, seed=SEED)[0]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].system_fingerprint == FINGERPRINT
+    (choice,) = completion.choices
+    assert choice.text == engine_text(prompt, max_tokens, seed=SEED)[0]
+    assert choice.finish_reason == "length" and choice.logprobs is None
+    assert completion.usage.completion_tokens == max_tokens and completion.model == model
+
+
+def test_openai_client_same_seed_same_text_on_both_stacks(port: int, zerolayer_port: int) -> None:
+    messages = [{"role": "user", "content": "one seed, two stacks"}]
+
+    def answers(stack: int) -> list[str]:
+        with openai_client(stack) as client:
+            model = client.models.list().data[0].id
+            return [
+                client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=16, seed=seed
+                )
+                .choices[0]
+                .message.content
+                or ""
+                for seed in (SEED, SEED + 1)
+            ]
+
+    ours, theirs = answers(port), answers(zerolayer_port)
+    assert ours == theirs
+    assert ours[0] != ours[1], "the seed must matter, or this test proves nothing"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [("temperature", 3, "bad_request"), ("n", 2, "unsupported_parameter")],
+)
+def test_openai_client_raises_bad_request_with_code_and_param(
+    client: openai.OpenAI, model: str, field: str, value: Any, code: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "refused"}], **{field: value}
+        )
+    error = caught.value
+    assert error.status_code == 400
+    assert error.code == code and error.param == field and error.type == "BadRequestError"
+    assert isinstance(error.body, dict) and error.body["message"]
+
+
+def test_openai_client_continuous_usage_on_every_chunk(client: openai.OpenAI, model: str) -> None:
+    prompt, max_tokens = "running usage", 5
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert_final_usage(chunks[-1], prompt, max_tokens)
+    running = [c.usage.completion_tokens if c.usage else None for c in chunks[:-1]]
+    assert None not in running, f"chunks without usage: {running}"
+    assert running == sorted(running) and running[-1] == max_tokens
+
+
+def test_openai_client_unknown_field_is_ignored(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(
+        model=model,
+        prompt="an unknown field",
+        max_tokens=4,
+        seed=SEED,
+        extra_body={"not_a_vllm_field": 1},
+    )
+    assert response.choices[0].text == engine_text("an unknown field", 4, seed=SEED)[0]
+    assert response.choices[0].finish_reason == "length"
+
+
+def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
+    baseline: BaselineHandle, port: int
+) -> None:
+    before = baseline.pids()["engine"]
+    victim = before[0]
+    prompt = "p" * (4 * 12_000)  # ~12k tokens: a prefill long enough to kill the replica in
+    jobs = [
+        (port, "/v1/completions", {"prompt": f"{i}{prompt}", "max_tokens": 4, "stream": True},
+         {"zl-session": f"kill-{i}"})
+        for i in range(10)
+    ]  # fmt: skip
+    replies: list[Reply] = []
+    runner = threading.Thread(target=lambda: replies.extend(concurrently(jobs)))
+    runner.start()
+    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 10, 10, "dispatch")
+    time.sleep(0.1)
+    os.kill(victim, signal.SIGKILL)
+    runner.join(TIMEOUT_S * 3)
+    assert len(replies) == 10
+    assert [r.status for r in replies] == [200] * 10, [r.body[:200] for r in replies]
+    for events in (r.events() for r in replies):
+        if events[-1] != "[DONE]":
+            # On a loaded machine a request may get its first token before the kill: that one is
+            # not retried (by design) and ends with the mid-stream error, after its text.
+            assert events[-1]["error"]["code"] == "engine_down" and len(events) > 1, events[-3:]
+    retried = [int(r.headers["zl-attempts"]) for r in replies]
+    assert max(retried) >= 2, f"no request was retried elsewhere: {retried}"
+    after = wait_for(
+        lambda: (p := baseline.pids()["engine"]) and len(p) == 2 and victim not in p and p,
+        60,
+        "Serve replacing the engine replica",
+    )
+    assert set(after) - set(before)
+
+
+def test_ingress_killed_gives_explicit_errors_then_is_restored(
+    baseline: BaselineHandle, port: int
+) -> None:
+    victim = baseline.pids()["ingress"][0]
+    body = {"prompt": "long", "max_tokens": 3000, "stream": True}
+    inflight: list[Reply] = []
+    runner = threading.Thread(
+        target=lambda: inflight.append(call(port, "/v1/completions", body, timeout=10))
+    )
+    runner.start()
+    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 1, 10, "dispatch")
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    runner.join(15)
+    assert not runner.is_alive()
+    reply = inflight[0]
+    assert time.monotonic() - killed_at < 10, "the client hung on the dead ingress"
+    done = reply.status == 200 and reply.body.endswith(b"data: [DONE]\n\n")
+    assert not done, "a stream served by the killed ingress cannot have completed"
+    assert reply.error or reply.status >= 500
+    for _ in range(3):  # meanwhile: an answer or an explicit error, never a hang
+        after = call(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=10)
+        assert "timed out" not in after.error
+        assert after.status in (200, 500, 502, 503, 504) or after.error
+    wait_for(
+        lambda: victim not in (p := baseline.pids()["ingress"]) and len(p) == 1,
+        60,
+        "Serve restoring the ingress",
+    )
+    wait_for(lambda: call(port, "/health", timeout=5).status == 200, 60, "ingress healthy")
+    again = call(port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert again.status == 200
+
+
+def test_close_leaves_no_ray_process(baseline: BaselineHandle) -> None:
+    processes = baseline.ray_processes() + [
+        p for p in psutil.Process().children(recursive=True) if "ray" in p.name().lower()
+    ]
+    pids = [p for group in baseline.pids().values() for p in group]
+    assert processes and pids
+    baseline.close()
+    alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive
+    assert not [p for p in pids if psutil.pid_exists(p)]

@@ -1,0 +1,219 @@
+"""``zl-bench run`` end to end, as ``nox -s bench -- --scale smoke`` runs it; and SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from bench import run as bench_run
+from harness import schema
+from harness.loaders import LoadResult
+from harness.metrics import summarize
+from harness.profile import PROFILES, load_profile
+from harness.runner import stack as runner_stack
+from harness.runner.config import RunConfig, load_profiles
+from harness.runner.drive import summary_row
+from harness.stacks import StackName, StackSpec, descendants
+from harness.telemetry import HostCpu
+from tests.support import readme
+
+BENCH = [sys.executable, "-m", "bench.cli", "run"]
+SMOKE_LIMIT_S = 600
+
+
+def _run_dir(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
+    """The README's short run (its ``nox -s bench -- ...`` line's arguments, so the two cannot
+    drift apart) into a temporary directory."""
+    bench_line = readme.commands(readme.NOTEBOOK_SECTION)[0]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*BENCH, *readme.zl_bench_args(bench_line), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_LIMIT_S,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"smoke bench took {elapsed:.0f} s")
+    run = _run_dir(tmp_path)
+    meta = orjson.loads((run / schema.RUN_META).read_bytes())
+    assert meta["complete"] is True
+    summary = orjson.loads((run / schema.SUMMARY).read_bytes())["rows"]
+    pairs = {(row["stack"], row["profile"]) for row in summary}
+    profiles = PROFILES
+    assert pairs == {(s, p) for s in ("zerolayer", "baseline") for p in profiles}
+    for row in summary:
+        assert row["num_requests"] > 0, row["profile"]
+        assert row["lost"] == 0, (row["stack"], row["profile"])
+        assert row["completed"] + row["errors"] == row["num_requests"]
+    recovery = orjson.loads((run / schema.CHAOS_DIR / "recovery.json").read_bytes())
+    assert {r["stack"] for r in recovery} == {"zerolayer", "baseline"}
+    assert all(r["lost"] == 0 and r["rollbacks_ok"] for r in recovery)
+    html = (run / schema.REPORT).read_text()
+    assert "Recovery (profile D" in html and "Seed-study claims" in html
+    assert len(list((run / schema.PLOTS_DIR).glob("*.png"))) >= 6
+    assert "capacity preflight" in proc.stdout and "offered load" in proc.stdout
+    assert proc.stdout.count("warmed up with 4 requests") == 2, "each stack, before profile A"
+    labels = {name: stack["label"] for name, stack in meta["stacks"].items()}
+    assert labels["baseline"].startswith("Ray Serve orchestrator (ours)")
+    assert labels["zerolayer"].startswith("zero-layer: zl-replica x2")
+    assert all(f"{name}: {label}" in proc.stdout for name, label in labels.items())
+    assert meta["stacks"]["zerolayer"]["request_body_fields"] == {}, "the sim needs none"
+
+
+def test_a_crash_is_recorded_in_run_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(spec: StackSpec, workdir: Path) -> None:
+        raise RuntimeError(f"{spec.name} on fire")
+
+    monkeypatch.setattr(runner_stack, "stand_up", broken)
+    config = RunConfig(
+        scale="smoke", profiles=("a_latency",), stacks=(StackName.ZEROLAYER,), out=str(tmp_path)
+    )
+    with pytest.raises(RuntimeError, match="zerolayer on fire"):
+        bench_run.run(config)
+    meta = schema.read_run_meta(_run_dir(tmp_path))
+    assert meta.end is schema.RunEnd.ERROR and not meta.complete
+    assert meta.incomplete_reason == "stopped by an error: RuntimeError: zerolayer on fire"
+    assert "Incomplete run" in (_run_dir(tmp_path) / schema.REPORT).read_text()
+
+
+def _ignore_sigint() -> None:
+    """What a shell does to the jobs it starts in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_one_profile(out: Path) -> subprocess.Popen[str]:
+    """A laptop-scale run of profile A on one zero-layer replica, started as a shell starts a
+    background job."""
+    return subprocess.Popen(
+        [
+            *(*BENCH, "--scale", "laptop", "--profiles", "a_latency", "--stacks", "zerolayer"),
+            *("--replicas", "1", "--out", str(out)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "reason"),
+    [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")],
+)
+def test_a_signal_mid_profile_leaves_a_renderable_incomplete_run_and_no_process(
+    tmp_path: Path, signum: int, status: int, reason: str
+) -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (a scheduler's stop) alike: the stacks are stopped, nothing
+    measured is lost; also where SIGINT was inherited ignored, as a shell starts background jobs."""
+    proc = _start_one_profile(tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        records: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            records = list(tmp_path.glob("*/requests-zerolayer-a_latency.jsonl"))
+            if records and records[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        assert records and records[0].stat().st_size > 0, "no request was recorded"
+        time.sleep(1.0)
+        started = descendants(proc.pid)
+        assert started, "the run started its replica"
+        os.kill(proc.pid, signum)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, out[-3000:]
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
+    run = _run_dir(tmp_path)
+    meta = orjson.loads((run / schema.RUN_META).read_bytes())
+    assert meta["complete"] is False and reason in meta["incomplete_reason"]
+    kept = schema.read_requests(run / "requests-zerolayer-a_latency.jsonl")
+    assert kept, f"the records measured before {reason} were lost"
+    (run / schema.REPORT).unlink()
+    rendered = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "report", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    assert "Incomplete run" in (run / schema.REPORT).read_text()
+
+
+def test_a_summary_row_carries_what_the_loader_knows(tmp_path: Path) -> None:
+    record = schema.RequestRecord("r0", "zerolayer", "a_latency", "k6", 0, 1, 2, 5, 9)
+    record.outcome = "completed"
+    summary = summarize([record])
+    result = LoadResult(
+        "k6",
+        "zerolayer",
+        "a_latency",
+        tmp_path / "r.jsonl",
+        [record],
+        summary,
+        extra={"per_replica": {"a": 1}},
+        protocol="h2",
+        ttft_is_first_byte=True,
+    )
+    profile = load_profile("a_latency", "smoke")
+    flat = schema.to_data(summary_row(result, profile, 8.0, HostCpu(95.0, 100.0, 2)))
+    assert flat["loader"] == "k6" and flat["loader_protocol"] == "h2"
+    assert flat["ttft_is_first_byte"] is True and flat["loader_extra"] == {"per_replica": {"a": 1}}
+    assert flat["median_e2el_ms"] == summary["median_e2el_ms"]
+    assert flat["slos_ms"] == {s.series: s.bound_ms for s in profile.slos}
+    assert flat["offered_rate"] == 8.0 and flat["host_saturated"] is True
+
+
+def test_goodput_counts_only_the_requests_within_the_profiles_slos(tmp_path: Path) -> None:
+    """A plain run's row judges each request against its profile's SLOs (vLLM's goodput), so
+    one request over the TTFT bound makes goodput lower than throughput."""
+    profile = load_profile("a_latency", "smoke")
+    ttft_bound_ns = int(next(s for s in profile.slos if s.series == "ttft").bound_ms * 1e6)
+    records = []
+    for i, ttft_ns in enumerate((1_000_000, 2_000_000, 3_000_000, 2 * ttft_bound_ns)):
+        rec = schema.RequestRecord(f"r{i}", "zerolayer", "a_latency", "native", 0, 1, 1)
+        rec.first_token_ns, rec.end_ns = 1 + ttft_ns, 1 + ttft_ns + 1_000_000
+        rec.chunk_ns, rec.outcome, rec.output_tokens = [rec.first_token_ns], "completed", 1
+        records.append(rec)
+    summary = summarize(records)
+    result = LoadResult("native", "zerolayer", "a_latency", tmp_path / "r.jsonl", records, summary)
+    row = summary_row(result, profile, 8.0, HostCpu(10.0, 20.0, 2))
+    assert row.request_goodput == pytest.approx(0.75 * row.request_throughput)
+    assert row.slo_met is False  # p99 TTFT lies past the bound
+    assert not row.host_saturated
+
+
+def test_profiles_take_a_profile_file_of_the_users_own(tmp_path: Path) -> None:
+    """``--profiles`` accepts a TOML path beside the shipped names; it may extend one of them."""
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'extends = "a_latency"\nname = "mine"\n[scales.laptop]\nrate = 5.0\nduration_s = 4.0\n'
+    )
+    names = bench_run._profiles(f"a,{path}")
+    assert names == ("a_latency", str(path.resolve()))
+    profiles = load_profiles(RunConfig(profiles=names))
+    assert [(p.name, p.rate) for p in profiles] == [("a_latency", 3.0), ("mine", 5.0)]
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        bench_run._profiles(str(tmp_path / "none.toml"))

@@ -1,0 +1,182 @@
+"""``zl-bench compare`` on real runs: regressions flagged, exit codes a CI gate can tell apart
+(0 none, 1 regression, 2 error or incomparable), and runs that are not like for like refused."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.cli import main as cli_main
+from bench.report import compare, compare_common, compare_sweep, load_run
+from harness import schema
+from tests.support.simrun import Spec, fail_everything, make_run
+
+HEAVY = {"a_latency": Spec(count=20, rate=80.0, max_tokens=16)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    stacks: dict[str, int | None] = {"zerolayer": None}
+    good = make_run(root / "good", max_num_seqs=64, profiles=HEAVY, stacks=stacks)
+    starved = make_run(root / "starved", max_num_seqs=1, profiles=HEAVY, stacks=stacks)
+    return good, starved
+
+
+def _copy(run: Path, dest: Path, **meta: object) -> Path:
+    shutil.copytree(run, dest)
+    data = orjson.loads((dest / schema.RUN_META).read_bytes())
+    (dest / schema.RUN_META).write_bytes(orjson.dumps(data | meta))
+    return dest
+
+
+def test_starved_engine_is_flagged_and_exit_is_one(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, starved = runs
+    assert cli_main(["compare", str(good), str(starved), "--bootstrap", "300"]) == 1
+    out = capsys.readouterr().out
+    flagged = [line for line in out.splitlines() if line.endswith("REGRESSION")]
+    assert any("median_e2el_ms" in line for line in flagged)
+    assert any("request_throughput" in line for line in flagged), "it fell behind the load"
+    assert all("median_itl_ms" not in line for line in flagged), "a batch of one steps faster"
+    result = compare.compare_runs(load_run(good), load_run(starved), n_boot=300)
+    e2el = next(r for r in result.rows if r.metric == "median_e2el_ms")
+    assert e2el.diff is not None and e2el.ci_low is not None and e2el.ci_high is not None
+    assert e2el.regression and 0 < e2el.ci_low <= e2el.diff <= e2el.ci_high
+    assert result.verdict is compare.Verdict.REGRESSION
+
+
+def test_an_improvement_is_not_flagged(runs: tuple[Path, Path]) -> None:
+    good, starved = runs
+    assert compare.main(starved, good, n_boot=200) == 0
+
+
+def test_a_run_against_itself_says_so(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, _ = runs
+    result = compare.compare_runs(load_run(good), load_run(good), n_boot=200)
+    assert result.rows and not any(r.regression for r in result.rows)
+    assert all(r.diff == 0 for r in result.rows)
+    assert any("same run" in note for note in result.notes)
+    assert cli_main(["compare", str(good), str(good), "--bootstrap", "50"]) == 0
+    assert "A and B are the same run" in capsys.readouterr().out
+
+
+def test_a_fall_to_zero_completions_is_a_regression(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, _ = runs
+    down = fail_everything(_copy(good, tmp_path / "down"))
+    out_json = tmp_path / "verdict.json"
+    code = cli_main(["compare", str(good), str(down), "--bootstrap", "50", "--json", str(out_json)])
+    assert code == 1
+    result = compare.compare_runs(load_run(good), load_run(down), n_boot=50)
+    latency = next(r for r in result.rows if r.metric == "median_e2el_ms")
+    assert latency.b is None and not latency.regression, "no latency, not a -100 % latency"
+    assert any(r.metric == "completed" and r.regression for r in result.rows)
+    verdict = orjson.loads(out_json.read_bytes())
+    assert verdict["verdict"] == "regression" and verdict["exit_status"] == 1
+    assert "n/a" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("scale", "laptop"), ("config", {"seed": 99}), ("engine", {"name": "null"})],
+)
+def test_runs_that_differ_are_refused_unless_forced(
+    runs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    field: str,
+    value: object,
+) -> None:
+    good, _ = runs
+    other = _copy(good, tmp_path / "other", **{field: value})
+    assert cli_main(["compare", str(good), str(other), "--bootstrap", "20"]) == 2
+    out = capsys.readouterr().out
+    assert "incomparable:" in out and "--force" in out
+    assert cli_main(["compare", str(good), str(other), "--bootstrap", "20", "--force"]) == 0
+
+
+def test_invalid_rows_are_flagged(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    good, _ = runs
+    bad = _copy(good, tmp_path / "bad")
+    rows = schema.read_summary(bad)
+    rows[0].valid, rows[0].invalid_reasons = False, ["loader lagged"]
+    schema.write_summary(bad, rows)
+    result = compare.compare_runs(load_run(good), load_run(bad), n_boot=20)
+    assert any("run B zerolayer/a_latency is INVALID: loader lagged" in n for n in result.notes)
+
+
+def test_stacks_in_only_one_run_are_noted(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    good, _ = runs
+    other = make_run(
+        tmp_path / "other",
+        profiles={"d_fault": Spec(count=6, rate=40.0)},
+        stacks={"zerolayer": None},
+    )
+    result = compare.compare_runs(load_run(good), load_run(other), n_boot=50)
+    assert not result.rows
+    assert sorted(n for n in result.notes if "only in run" in n) == [
+        "zerolayer/a_latency: only in run A, not compared",
+        "zerolayer/d_fault: only in run B, not compared",
+    ]
+    assert compare.main(good, other, n_boot=50) == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--confidence", "95"), ("--bootstrap", "0"), ("--threshold", "-1")]
+)
+def test_bad_settings_are_one_error_line(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    good, _ = runs
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["compare", str(good), str(good), flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zl-bench: error: ") and err.count("\n") == 1 and flag in err
+
+
+def test_a_missing_run_is_an_error_not_a_regression(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, _ = runs
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["compare", str(good), str(tmp_path / "missing")])
+    assert exc.value.code == 2
+    assert "no results directory" in capsys.readouterr().err
+
+
+def test_the_sweep_names_stay_importable_from_compare() -> None:
+    """compare re-exports compare_sweep's public names (the very objects, not copies) and
+    compare_sweep never imports compare: one direction, no cycle."""
+    swept = [name for name in compare.__all__ if hasattr(compare_sweep, name)]
+    assert {"Flag", "Span", "judge", "compare_sweeps", "POINT_METRICS"} <= set(swept)
+    assert all(getattr(compare, name) is getattr(compare_sweep, name) for name in swept)
+    assert compare.Metric is compare_common.Metric is compare_sweep.Metric
+    assert not hasattr(compare_sweep, "compare")
+
+
+measured = st.floats(-1e6, 1e6, allow_nan=False) | st.none()
+
+
+@given(measured, measured)
+def test_relative_change_is_the_difference_over_a(a: float | None, b: float | None) -> None:
+    diff, change = compare_common.difference(a, b), compare_common.relative_change(a, b)
+    if a is None or b is None:
+        assert diff is None and change is None
+        return
+    assert diff == b - a
+    if a:
+        assert change == pytest.approx(diff / abs(a))
+    else:
+        assert change == (0.0 if b == 0 else math.inf)

@@ -1,0 +1,433 @@
+"""Chaos providers without a stack: the network proxy, process faults, SLI and recovery maths."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from chaos import actions, netproxy, probes, recovery
+from chaos.controls import StoppableSchedule, engine_source
+from chaos.runner import add_arguments, chaos_settings, fault_target, kv_prompt_tokens, run_command
+from chaos.targets import ReplicaSpec, Target, read_target, write_target
+from harness.capacity import kv_tokens
+from harness.errors import UsageError
+from harness.profile import load_profile
+from harness.schema import RequestRecord
+from harness.stacks import StackName, StackSpec, stack_kind, stand_up
+
+NS = 1_000_000_000
+T0 = 1_800_000_000 * NS
+
+
+# network proxy
+
+
+@contextlib.contextmanager
+def echo_server() -> Iterator[int]:
+    """A loopback echo server in its own thread; yields its port."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    def echo(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2.0)
+        sock.close()
+
+
+def round_trip(port: int, payload: bytes = b"ping", timeout: float = 3.0) -> tuple[bytes, float]:
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        data = b""
+        while len(data) < len(payload):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data, time.monotonic() - start
+
+
+@pytest.fixture
+def proxy() -> Iterator[netproxy.NetProxy]:
+    with echo_server() as port, netproxy.NetProxy(f"127.0.0.1:{port}") as p:
+        yield p
+
+
+def test_proxy_passes_bytes_through_and_reports_status(proxy: netproxy.NetProxy) -> None:
+    payload = bytes(range(256)) * 400
+    data, _ = round_trip(proxy.port, payload)
+    assert data == payload
+    status = netproxy.command(proxy.control, "status")
+    assert status["kind"] == "pass" and status["connections"] == 1
+
+
+def test_proxy_delay_holds_each_direction_then_heals(proxy: netproxy.NetProxy) -> None:
+    netproxy.command(proxy.control, "delay 150 both")
+    data, both = round_trip(proxy.port)
+    assert data == b"ping" and both >= 0.3
+    netproxy.command(proxy.control, "delay 150 down")
+    _, down = round_trip(proxy.port)
+    assert down >= 0.15
+    netproxy.command(proxy.control, "heal")
+    data, _ = round_trip(proxy.port)
+    assert data == b"ping"
+
+
+def test_proxy_partition_refuse_resets_and_drop_black_holes(proxy: netproxy.NetProxy) -> None:
+    netproxy.command(proxy.control, "partition refuse")
+    with pytest.raises((ConnectionError, OSError)):
+        data, _ = round_trip(proxy.port)
+        if not data:
+            raise ConnectionResetError("closed without an answer")
+    netproxy.command(proxy.control, "partition drop")
+    with pytest.raises(TimeoutError):
+        round_trip(proxy.port, timeout=0.5)
+    netproxy.command(proxy.control, "heal")
+    assert round_trip(proxy.port)[0] == b"ping"
+
+
+@pytest.mark.parametrize("line", ["", "delay", "delay -1", "delay 5 sideways", "partition", "x"])
+def test_proxy_rejects_malformed_commands(line: str) -> None:
+    with pytest.raises(ValueError):
+        netproxy.parse_command(line)
+
+
+def test_proxy_only_talks_to_loopback() -> None:
+    with pytest.raises(ValueError):
+        netproxy.NetProxy("192.0.2.1:80")
+
+
+# process faults, against a stand-in process named in a target file
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    target = Target(
+        stack="zerolayer",
+        load_urls=["http://127.0.0.1:1"],
+        protocol="h2",
+        pids={"replica": [proc.pid]},
+        replicas=[ReplicaSpec("http://127.0.0.1:1", proc.pid, 1, [])],
+        engine_replicas=1,
+    )
+    path = write_target(tmp_path / "target.json", target)
+    try:
+        yield path, proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
+def test_target_file_round_trips(sleeper: tuple[Path, subprocess.Popen[bytes]]) -> None:
+    path, proc = sleeper
+    target = read_target(path)
+    assert target.replicas[0].pid == proc.pid and target.engine_role == "replica"
+    assert target.kind is stack_kind(StackName.ZEROLAYER)
+    assert orjson.loads(path.read_bytes())["stack"] == "zerolayer", "the file keeps the name"
+
+
+def test_a_target_file_maps_its_stack_to_the_kind_on_load(tmp_path: Path) -> None:
+    llm = Target("baseline", ["front"], "http1", baseline_app="llm", health_path="/v1/models")
+    target = read_target(write_target(tmp_path / "llm.json", llm))
+    assert target.kind is stack_kind(StackName.BASELINE, "llm") and target.engine_role == "engine"
+    data = target.to_dict() | {"stack": "nginx"}
+    (tmp_path / "bad.json").write_bytes(orjson.dumps(data))
+    with pytest.raises(ValueError, match="unknown stack 'nginx'"):
+        read_target(tmp_path / "bad.json")
+
+
+def test_pause_stops_then_always_resumes(sleeper: tuple[Path, subprocess.Popen[bytes]]) -> None:
+    path, proc = sleeper
+    conf = {"target_file": str(path)}
+    seen: list[str] = []
+    watcher = threading.Timer(0.2, lambda: seen.append(psutil.Process(proc.pid).status()))
+    watcher.start()
+    out = actions.pause("engine", duration_s=0.5, configuration=conf)
+    watcher.join()
+    assert seen == [psutil.STATUS_STOPPED]
+    assert psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED
+    assert out["pids"] == [proc.pid] and out["end_ns"] > out["t_ns"]
+
+
+def test_kill_takes_the_process_and_probes_see_it(
+    sleeper: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    path, proc = sleeper
+    conf = {"target_file": str(path)}
+    assert probes.all_alive(probes.replicas(conf))
+    out = actions.kill("engine", configuration=conf)
+    proc.wait(5)
+    assert out["pids"] == [proc.pid] and proc.returncode == -signal.SIGKILL
+    assert not probes.all_alive(probes.replicas(conf))
+
+
+def test_acting_on_a_missing_component_records_its_absence(
+    sleeper: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    path, proc = sleeper
+    out = actions.kill("orchestrator", configuration={"target_file": str(path)})
+    assert out["fault"] == actions.ABSENT and out["pids"] == []
+    assert proc.poll() is None
+
+
+def test_cpu_stress_is_bounded_and_leaves_nothing() -> None:
+    out = actions.cpu_stress(duration_s=0.3, workers=2)
+    assert len(out["pids"]) == 2
+    assert not any(actions.alive(p) for p in out["pids"])
+
+
+# SLI and recovery
+
+
+def record(i: int, start_s: float, ttft_s: float | None, outcome: str = "completed",
+           replica: str = "r0", end_s: float | None = None) -> RequestRecord:  # fmt: skip
+    intended = T0 + int(start_s * NS)
+    first = intended + int(ttft_s * NS) if ttft_s is not None else 0
+    end = intended + int((end_s if end_s is not None else (ttft_s or 0) + 0.1) * NS)
+    return RequestRecord(
+        request_id=f"r{i}", stack="zerolayer", profile="d_fault", loader="native",
+        intended_start_ns=intended, sent_ns=intended, first_token_ns=first, end_ns=end,
+        outcome=outcome, error_code="" if outcome == "completed" else "engine_down",  # type: ignore[arg-type]
+        replica=replica,
+    )  # fmt: skip
+
+
+def test_judge_knows_a_late_request_at_its_slo_not_at_its_end() -> None:
+    late = probes.judge(record(0, 0.0, 5.0), slo_ttft_ms=1000)
+    assert not late.good and late.known_ns == T0 + NS
+    good = probes.judge(record(1, 0.0, 0.2), slo_ttft_ms=1000)
+    assert good.good and good.known_ns == T0 + int(0.3 * NS)
+    failed = probes.judge(record(2, 0.0, None, "error", end_s=0.05), slo_ttft_ms=1000)
+    assert not failed.good and failed.known_ns == T0 + int(0.05 * NS)
+
+
+def synthetic_run() -> tuple[list[RequestRecord], dict]:
+    """10 req/s for 10 s; a fault at t=3 s fails everything on r1 sent in [3, 5)."""
+    records = []
+    for i in range(100):
+        t = i / 10
+        bad = 3.0 <= t < 5.0 and i % 2 == 1
+        replica = "r1" if i % 2 else "r0"
+        records.append(record(i, t, None if bad else 0.1, "error" if bad else "completed",
+                              replica, end_s=0.01 if bad else None))  # fmt: skip
+    fault = {"fault": "kill", "role": "replica", "pids": [1], "urls": ["r1"], "t_ns": T0 + 3 * NS}
+    journal = {
+        "status": "completed",
+        "steady_states": {"before": {"steady_state_met": True}, "after": None},
+        "run": [{"activity": {"type": "action"}, "output": fault, "start": "", "end": ""}],
+        "rollbacks": [{"status": "succeeded"}],
+    }
+    return records, journal
+
+
+def test_recovery_metrics_from_a_known_timeline() -> None:
+    records, journal = synthetic_run()
+    target = Target("zerolayer", ["r0", "r1"], "h2", {"replica": [1, 2]},
+                    [ReplicaSpec("r0", 2, 0, []), ReplicaSpec("r1", 1, 0, [])],
+                    engine_replicas=2)  # fmt: skip
+    row = recovery.compute(records, journal, target, experiment="x", slo_ttft_ms=1000,
+                           window_s=1.0, sli_target=0.9)  # fmt: skip
+    assert (row.requests, row.failed, row.lost, row.bad) == (100, 10, 0, 10)
+    # failures known at 3.11 and 3.31 s against nine good ones in the window: 9/11 < 0.9
+    assert row.time_to_detect_s == pytest.approx(0.35, abs=0.051)
+    # the last failure is known at t=4.91 s; a 1 s window clears it at 5.91 s
+    assert row.time_to_recover_s == pytest.approx(2.95, abs=0.051)
+    assert row.blast_radius_replicas == 0.5 and row.replicas_affected == ["r1"]
+    assert row.blast_radius_requests == pytest.approx(10 / 30, abs=0.04)
+    assert row.error_budget_burn == pytest.approx(row.blast_radius_requests / 0.1)
+    assert row.hypothesis_before is True and row.rollbacks_ok
+
+
+def test_a_fault_the_slo_never_sees_has_no_detection() -> None:
+    records = [record(i, i / 10, 0.1) for i in range(50)]
+    _, journal = synthetic_run()
+    target = Target("baseline", ["front"], "http1", {"engine": [1, 2]}, engine_replicas=2)
+    journal["run"][0]["output"] = {"fault": "kill", "role": "orchestrator", "t_ns": T0 + 2 * NS}
+    row = recovery.compute(records, journal, target, experiment="x", slo_ttft_ms=1000,
+                           window_s=1.0, sli_target=0.9)  # fmt: skip
+    assert row.time_to_detect_s is None and row.time_to_recover_s is None and row.bad == 0
+    assert row.blast_radius_replicas == 1.0  # every request passes the orchestrator
+
+
+@pytest.mark.parametrize(("stack", "everyone"), [("baseline", True), ("zerolayer", False)])
+def test_a_network_fault_reaches_every_replica_only_behind_a_front_door(
+    stack: str, everyone: bool
+) -> None:
+    """The proxy stands in front of the baseline's front door, but of one zero-layer replica."""
+    replicas = [ReplicaSpec("r0", 1, 0, []), ReplicaSpec("r1", 2, 0, [])]
+    target = Target(stack, ["proxy", "r1"], "h2", replicas=replicas, netproxy_url="proxy",
+                    netproxy_front="r0", engine_replicas=2)  # fmt: skip
+    out = {"fault": "delay", "urls": ["proxy"], "t_ns": T0}
+    hit, total = recovery.affected_replicas(target, [out], [])
+    assert total == 2 and (len(hit) == 2) is everyone
+    if not everyone:
+        assert hit == {"r0"}, "the proxy's URL is the replica behind it"
+
+
+def test_stoppable_schedule_ends_iteration_but_keeps_its_length() -> None:
+    schedule = StoppableSchedule(list(range(10)))  # type: ignore[arg-type]
+    seen = []
+    for item in schedule:
+        seen.append(item)
+        if item == 3:
+            schedule.stop()
+    assert seen == [0, 1, 2, 3] and len(schedule) == 10 and schedule[9] == 9
+
+
+def test_sdk_reroute_is_the_first_down_mark_after_the_fault() -> None:
+    health = [
+        {"t_ns": T0, "url": "r1", "up": True},
+        {"t_ns": T0 + NS // 2, "url": "r0", "up": False},
+        {"t_ns": T0 + 2 * NS, "url": "r1", "up": False},
+    ]
+    assert recovery.sdk_reroute_s(health, ["r1"], T0 + NS) == pytest.approx(1.0)
+    assert recovery.sdk_reroute_s(health, ["r2"], T0) is None
+
+
+def test_kv_pressure_is_sized_from_the_engine_kv_cache_alike_on_both_stacks() -> None:
+    sc = chaos_settings(load_profile("d_fault", "smoke"))
+    for options in ({"num_kv_blocks": 2048}, {}):
+        zl, bl = (
+            StackSpec(name, "sim", options, 3) for name in (StackName.ZEROLAYER, StackName.BASELINE)
+        )
+        prompt = kv_prompt_tokens(zl, sc)
+        assert prompt == kv_prompt_tokens(bl, sc), "both stacks get the same pressure"
+        kv = kv_tokens("sim", options)
+        assert kv is not None
+        asked = sc.kv_requests * (prompt + sc.kv_max_tokens)
+        if prompt + sc.kv_max_tokens < 131_072:  # not capped by the context length
+            assert kv * sc.kv_fill <= asked < kv * sc.kv_fill + sc.kv_requests
+    capped = StackSpec(StackName.ZEROLAYER, "sim", {"max_model_len": 4096}, 2)
+    assert kv_prompt_tokens(capped, sc) == 4096 - sc.kv_max_tokens
+    unknown = StackSpec(StackName.ZEROLAYER, "torch", {}, 2)
+    assert kv_prompt_tokens(unknown, sc) == sc.kv_prompt_tokens
+
+
+def test_chaos_refuses_an_external_stack_and_a_profile_without_chaos(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no \\[chaos\\] settings"):
+        chaos_settings(load_profile("a_latency", "smoke"))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        stack = stand_up(StackSpec(StackName.ZEROLAYER, urls=(url,)), tmp_path)
+        with pytest.raises(ValueError, match="external"), fault_target(stack, tmp_path):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engine-option", "num_kv_blockz=4"], "num_kv_blockz"),
+        (["--replicas", "0"], "--replicas"),
+    ],
+)
+def test_chaos_command_mistakes_are_usage_errors(argv: list[str], message: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(UsageError, match=message):
+        run_command(parser.parse_args(argv))
+
+
+def test_chaos_telemetry_reads_the_stack_engines(tmp_path: Path) -> None:
+    stats = tmp_path / "engine-stats-0.jsonl"
+    stats.write_text(
+        '{"t_ns": 1, "running": 1, "waiting": 0, "kv_blocks_used": 8, "kv_blocks_total": 16,'
+        ' "live_tokens": 100, "preemptions": 0, "busy_time_s": 0.1, "allocator": {}}\n'
+    )
+    target = Target(
+        stack="baseline",
+        load_urls=["http://127.0.0.1:1"],
+        protocol="http1",
+        engine_stats_files=[str(stats)],
+    )
+    rows = engine_source(target).read()
+    assert [(r["name"], r["up"], r["kv_blocks_total"]) for r in rows] == [("serve-0", 1, 16)]
+    zl = Target(stack="zerolayer", load_urls=[], protocol="h2",
+                engine_metrics=["http://127.0.0.1:1/metrics"])  # fmt: skip
+    assert [(r["name"], r["up"]) for r in engine_source(zl).read()] == [("zl-0", 0)]
+
+
+def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
+    from tests.support.chaos_checks import RECOVERY_PER_STANDUP, allowing
+
+    profile = load_profile("d_fault", "smoke")
+    sc = chaos_settings(profile)
+    assert allowing(profile, 0.1).chaos == sc, "a quick machine keeps the profile's figures"
+    slow = chaos_settings(allowing(profile, 30.0))
+    assert slow.deadline_ms == int(RECOVERY_PER_STANDUP * 30.0 * 1000)
+    assert slow.recover_timeout_s == RECOVERY_PER_STANDUP * 30.0
+    assert chaos_settings(allowing(profile, 1e6)).deadline_ms == 3_600_000  # the contract's cap
+
+
+def test_recovery_waits_at_least_as_long_as_the_engine_takes_to_start() -> None:
+    """A killed replica over vLLM loads its engine again; the smoke scale's 15 s cannot cover it."""
+    from chaos.runner import ENGINE_START_S, chaos_settings, for_engine
+    from harness.profile import load_profile
+
+    smoke = chaos_settings(load_profile("d_fault", "smoke", None))
+    assert smoke.recover_timeout_s < ENGINE_START_S["vllm"]
+    assert for_engine(smoke, "vllm").recover_timeout_s == ENGINE_START_S["vllm"]
+    assert for_engine(smoke, "vllm").deadline_ms == smoke.deadline_ms
+    assert for_engine(smoke, "sim") is smoke
+
+
+def test_baseline_pids_count_ray_serve_llm_replicas_not_their_engine_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Serve LLM's ingress and router are both the orchestrator; a replica's engine core
+    is its child (killed and replaced with it), so ``engine`` counts replicas."""
+    import ray
+
+    from baselines.rayserve_llm import standup
+    from chaos.actions import baseline_pids
+
+    found = {
+        "controller": [1],
+        "proxy": [2],
+        "ingress": [3],
+        "router": [4],
+        "engine": [6, 5],
+        "engine_core": [7, 8],
+    }
+    monkeypatch.setattr(standup, "llm_actor_pids", lambda: found)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert baseline_pids("llm") == {}, "not attached to Ray: nothing to ask"
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    assert baseline_pids("llm") == {
+        "controller": [1],
+        "proxy": [2],
+        "orchestrator": [3, 4],
+        "engine": [5, 6],
+    }

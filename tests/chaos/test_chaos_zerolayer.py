@@ -1,0 +1,67 @@
+"""Real Chaos Toolkit experiments on the zero-layer stack (smoke scale, about a minute)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.actions import alive
+from chaos.targets import read_target
+from harness.profile import Profile
+from harness.schema import read_jsonl, read_requests, requests_file
+from harness.stacks import Stack, StackName
+from tests.support.chaos_checks import EXPERIMENTS, run_and_check, stack_under_chaos
+
+STACK = "zerolayer"
+Setup = tuple[Stack, Path, Profile]
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chaos-zerolayer")
+
+
+@pytest.fixture(scope="module")
+def setup(out_dir: Path) -> Iterator[Setup]:
+    with stack_under_chaos(StackName.ZEROLAYER, out_dir / "stack") as running:
+        yield running
+        target_file = running[1]
+    assert not any(alive(s.pid) for s in read_target(target_file).replicas)
+
+
+@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e != "pause-engine-replica"])
+def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, name: str) -> None:
+    stack, target_file, profile = setup
+    before = read_target(target_file)
+    row = run_and_check(target_file, out_dir, stack, profile, name)
+    after = read_target(target_file)
+    if name == "kill-orchestrator":
+        assert row.fault == "absent" and "no orchestrator" in row.note
+        assert row.bad == 0 and row.blast_radius_replicas == 0.0
+    if name == "kill-engine-replica":
+        assert row.fault == "kill" and row.failed + row.bad > 0
+        pairs = zip(before.replicas, after.replicas, strict=True)
+        changed = [(b.pid, a.pid) for b, a in pairs if b.pid != a.pid]
+        assert len(changed) == 1, "the rollback restarts exactly the killed replica"
+        assert changed[0][1] in stack.pids()["replica"], "the stack adopts the restarted replica"
+        assert row.sdk_reroute_s is not None
+
+
+def test_sdk_routes_around_a_paused_replica(setup: Setup, out_dir: Path) -> None:
+    """After the SDK marks the paused replica down, no new request goes to it until it is up."""
+    stack, target_file, profile = setup
+    row = run_and_check(target_file, out_dir, stack, profile, "pause-engine-replica")
+    assert row.sdk_reroute_s is not None, "the SDK never marked the paused replica down"
+    chaos_dir = out_dir / "chaos"
+    health = read_jsonl(chaos_dir / f"sdk-health-{STACK}-pause-engine-replica.jsonl")
+    down = row.fault_start_ns + round(row.sdk_reroute_s * 1e9)
+    faulted = {h["url"] for h in health if not h["up"] and abs(h["t_ns"] - down) < 1000}
+    assert faulted and faulted <= set(read_target(target_file).load_urls)
+    ups = [h["t_ns"] for h in health if h["up"] and h["url"] in faulted and h["t_ns"] > down]
+    back_up = min(ups) if ups else row.fault_end_ns
+    records = read_requests(chaos_dir / requests_file(STACK, "d_fault-pause-engine-replica"))
+    routed = [r for r in records if down < r.sent_ns < back_up]
+    assert routed, "no request was sent while the replica was down"
+    assert not [r.request_id for r in routed if r.replica in faulted]

@@ -1,0 +1,361 @@
+"""Telemetry: the absolute schedule, phase labels, and each source against the real thing."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http.server
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from harness.schema import Machine, read_jsonl
+from harness.telemetry import (
+    Availability,
+    Component,
+    EngineSource,
+    EngineTarget,
+    NvmlSource,
+    PhaseLog,
+    ProcessSource,
+    Sampler,
+    host,
+    parse_prometheus,
+)
+from harness.telemetry.engine import stats_row
+from harness.telemetry.process import ProcessCpu, cpu_seconds, cpu_spent, read_cpu
+from serving.engine import EngineRequest, EngineStats, SimConfig, SimEngine
+
+
+def _nvml_present() -> bool:
+    source = NvmlSource()
+    avail = source.open()
+    source.close()
+    return avail.available
+
+
+HAS_GPU = _nvml_present()
+
+
+class StallingSource:
+    """A source whose third read takes three intervals, to test the schedule's catch-up."""
+
+    kind = "stall"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.reads = 0
+
+    def open(self) -> Availability:
+        return Availability(True)
+
+    def read(self) -> list[dict[str, Any]]:
+        self.reads += 1
+        if self.reads == 3:
+            time.sleep(3.5 * self.interval_s)
+        return [{"name": "s", "reads": self.reads}]
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_schedule_is_absolute_and_a_stall_counts_missed_ticks(tmp_path: Path) -> None:
+    interval = 0.05
+    sampler = Sampler([StallingSource(interval)], tmp_path / "t.jsonl", interval_s=interval)
+    with sampler:
+        time.sleep(0.6)
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    seqs = [r["seq"] for r in rows]
+    assert seqs == sorted(set(seqs)), "one row per tick, in order"
+    assert sampler.missed >= 2, "the stall's ticks are counted, not shifted"
+    assert any(b - a > 1 for a, b in itertools.pairwise(seqs)), "the schedule skipped"
+    t0 = rows[0]["sched_ns"]
+    for row in rows:
+        assert row["sched_ns"] == t0 + row["seq"] * int(interval * 1e9)
+        assert row["t_ns"] >= row["sched_ns"] - 2_000_000
+
+
+def test_rows_carry_the_phase_they_were_sampled_in(tmp_path: Path) -> None:
+    phases = PhaseLog(tmp_path / "phases.jsonl")
+    source = ProcessSource([Component("me", os.getpid(), "loader")])
+    with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02, phases=phases):
+        time.sleep(0.1)
+        phases.begin("zerolayer/a_latency", stack="zerolayer")
+        time.sleep(0.15)
+        phases.fault("kill replica-0", stack="zerolayer")
+        phases.end()
+        time.sleep(0.1)
+    phases.close()
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    events = read_jsonl(tmp_path / "phases.jsonl")
+    assert [(e["kind"], e["event"]) for e in events] == [
+        ("phase", "start"),
+        ("fault", "start"),
+        ("phase", "end"),
+    ]
+    start, end = events[0]["t_ns"], events[2]["t_ns"]
+    inside = [r for r in rows if start < r["t_ns"] < end]
+    outside = [r for r in rows if r["t_ns"] < start - 5_000_000 or r["t_ns"] > end + 5_000_000]
+    assert inside and outside
+    assert all(r["phase"] == "zerolayer/a_latency" for r in inside)
+    assert all(r["phase"] == "idle" for r in outside)
+    assert all(r["rss_bytes"] > 1_000_000 for r in rows)
+
+
+def test_engine_source_follows_a_loaded_sim_engine(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = SimEngine(SimConfig(model_shape="llama-3.2-1b", max_num_seqs=8))
+        source = EngineSource([EngineTarget.in_process("engine0", "zerolayer", engine)])
+        with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02):
+
+            async def one(i: int) -> None:
+                async for _ in engine.generate(EngineRequest(f"r{i}", 100 + i, 40, seed=i)):
+                    pass
+
+            await asyncio.gather(*(one(i) for i in range(24)))
+            await asyncio.sleep(0.05)
+        await engine.close()
+
+    asyncio.run(main())
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    assert all(r["source"] == "engine" and r["stack"] == "zerolayer" for r in rows)
+    assert max(r["running"] for r in rows) == 8, "max_num_seqs caps the batch"
+    assert max(r["waiting"] for r in rows) > 0
+    assert max(r["kv_usage"] for r in rows) > 0
+    loaded = [r for r in rows if r["kv_blocks_used"]]
+    assert loaded and all(0.0 <= r["kv_waste"] < 1.0 for r in loaded)
+    busy = [r["engine_busy"] for r in rows if "engine_busy" in r]
+    assert max(busy) > 0.5, "the engine stepped most of the time while loaded"
+    assert rows[-1]["running"] == 0 and rows[-1]["kv_usage"] == 0
+
+
+def test_allocator_split_ratio_when_the_engine_exports_it(tmp_path: Path) -> None:
+    stats = EngineStats(
+        kv_blocks_used=10,
+        kv_blocks_total=100,
+        live_tokens=120,
+        allocator={"inactive_split_bytes.all.current": 3e8, "reserved_bytes.all.current": 2e9},
+    )
+    row = stats_row(stats)
+    assert row["kv_waste"] == pytest.approx(1 - 120 / 160)
+    source = EngineSource([EngineTarget("gpu-engine", "zerolayer", lambda: stats_row(stats))])
+    (out,) = source.read()
+    assert out["alloc_split_ratio"] == pytest.approx(0.15)
+    assert (
+        "alloc_split_ratio"
+        not in EngineSource(
+            [EngineTarget("sim", "zerolayer", lambda: stats_row(EngineStats()))]
+        ).read()[0]
+    )
+
+
+VLLM_TEXT = """\
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.25
+vllm:num_requests_running{engine="0",model_name="llama"} 7.0
+vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
+vllm:num_preemptions_total{engine="0",model_name="llama"} 2.0
+zl_refusals_total{code="queue_full"} 4
+zl_refusals_total{code="kv_exhausted"} 1
+zl_kv_waste_ratio 0.0625
+zl_requests_total{outcome="completed"} 40
+zl_requests_total{outcome="error"} 2
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1200.0
+vllm:prefix_cache_queries_created{engine="0",model_name="llama"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 900.0
+"""
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = VLLM_TEXT.encode() if self.path == "/metrics" else b'{"kv_usage": 0.5}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_prometheus_scrape_and_a_replica_that_is_down(metrics_server: str) -> None:
+    values = parse_prometheus(VLLM_TEXT)
+    assert values["zl_refusals_total"] == 5, "labelled series of one name are summed"
+    down = EngineTarget.metrics("r1", "zerolayer", "http://127.0.0.1:9/metrics", timeout_s=0.5)
+    source = EngineSource(
+        [
+            EngineTarget.metrics("r0", "zerolayer", f"{metrics_server}/metrics"),
+            EngineTarget.health("r0h", "zerolayer", f"{metrics_server}/health"),
+            down,
+        ]
+    )
+    up, health, gone = source.read()
+    assert (up["kv_usage"], up["running"], up["waiting"], up["preemptions"]) == (0.25, 7, 3, 2)
+    assert up["kv_waste"] == 0.0625 and up["up"] == 1
+    assert up["requests_total"] == 42, "requests served, every outcome, for per-replica spread"
+    assert (up["prefix_cache_queries"], up["prefix_cache_hits"]) == (1200, 900)
+    assert "prefix_cache_queries" not in health, "/health has no prefix-cache counters"
+    assert health["kv_usage"] == 0.5
+    assert gone["up"] == 0 and "error" in gone
+
+
+def test_process_source_sees_a_busy_child_and_its_exit(tmp_path: Path) -> None:
+    code = "import time\nt = time.time()\nwhile time.time() - t < 5: pass\n"
+    busy = subprocess.Popen([sys.executable, "-c", code])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        source = ProcessSource(
+            [Component("busy", busy.pid, "orchestrator"), Component("idle", idle.pid, "replica")]
+        )
+        time.sleep(0.8)
+        rows = {r["name"]: r for r in source.read()}
+        assert rows["busy"]["cpu_pct"] > 5 * rows["idle"]["cpu_pct"] + 10
+        assert rows["busy"]["role"] == "orchestrator" and rows["idle"]["rss_bytes"] > 0
+        busy.kill()
+        busy.wait()
+        rows = {r["name"]: r for r in source.read()}
+        assert rows["busy"]["alive"] == 0 and rows["idle"]["alive"] == 1
+    finally:
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait()
+
+
+def _tree_of_two(parent: subprocess.Popen[bytes]) -> dict[int, ProcessCpu]:
+    """The reading of ``parent``'s tree once its child has started."""
+    deadline = time.monotonic() + 20
+    while len(reading := read_cpu([parent.pid])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return reading
+
+
+def test_read_cpu_covers_a_process_tree_and_cpu_spent_what_each_spent() -> None:
+    code = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "while True: pass\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        before = _tree_of_two(parent)
+        time.sleep(0.8)
+        after = read_cpu([parent.pid])
+        assert parent.pid in after and len(after) == 2, "the parent and its child"
+        spent = cpu_spent(before, after)
+        (child,) = set(after) - {parent.pid}
+        assert spent[parent.pid].seconds > max(0.05, spent[child].seconds), spent
+        assert spent.keys() == after.keys()
+        assert all(p.name.startswith("python") for p in after.values())
+    finally:
+        for proc in psutil.Process(parent.pid).children(recursive=True):
+            proc.kill()
+        parent.kill()
+        parent.wait()
+    assert read_cpu([parent.pid]) == {}, "a gone process is left out"
+
+
+def test_cpu_spent_counts_new_processes_whole_and_leaves_gone_ones_out() -> None:
+    before = {1: ProcessCpu("a", 10.0), 2: ProcessCpu("gone", 7.0), 3: ProcessCpu("reused", 9.0)}
+    after = {1: ProcessCpu("a", 10.5), 3: ProcessCpu("reused", 1.0), 4: ProcessCpu("new", 2.0)}
+    spent = cpu_spent(before, after)
+    assert spent == {
+        1: ProcessCpu("a", 0.5),
+        3: ProcessCpu("reused", 0.0),
+        4: ProcessCpu("new", 2.0),
+    }
+    assert cpu_seconds(psutil.Process()) > 0
+
+
+def test_component_roles_are_checked() -> None:
+    with pytest.raises(ValueError, match="role"):
+        Component("x", 1, "router")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU fallback")
+def test_nvml_without_a_gpu_is_unavailable_with_a_reason(tmp_path: Path) -> None:
+    sampler = Sampler([NvmlSource()], tmp_path / "t.jsonl", interval_s=0.02)
+    with sampler:
+        time.sleep(0.05)
+    (meta,) = sampler.describe().sources
+    assert meta["available"] is False and "NVML" in meta["reason"]
+    assert read_jsonl(tmp_path / "t.jsonl") == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU and driver")
+def test_nvml_reads_memory_v2_and_utilisation(tmp_path: Path) -> None:
+    sampler = Sampler([NvmlSource()], tmp_path / "t.jsonl", interval_s=0.1)
+    with sampler:
+        time.sleep(1.0)
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    assert rows and all(r["mem_total_bytes"] > r["mem_used_bytes"] > 0 for r in rows)
+    assert all(r["mem_reserved_bytes"] >= 0 for r in rows)
+    utils = [r["gpu_util_pct"] for r in rows if r["gpu_util_pct"] is not None]
+    assert utils and all(0 <= u <= 100 for u in utils)
+
+
+def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:
+    """A Serve engine replica publishes its stats; the sampler reads the newest snapshot."""
+    from baselines.rayserve.engine_replica import publish_stats
+    from serving.engine import EngineRequest, SimConfig, SimEngine
+
+    engine = SimEngine(SimConfig(model_shape="llama-3.2-1b", num_kv_blocks=64))
+    path = tmp_path / "engine-stats-1.jsonl"
+    target = EngineTarget.stats_file("serve-0", "baseline", path)
+    with pytest.raises(OSError):
+        target.read()
+    publish_stats(path, engine.stats())
+    engine.add_request(EngineRequest("a", 40, 8))
+    engine.commit(engine.schedule())
+    publish_stats(path, replace(engine.stats(), prefix_cache_queries=40, prefix_cache_hits=16))
+    row = target.read()
+    assert row["running"] == 1
+    assert (row["prefix_cache_queries"], row["prefix_cache_hits"]) == (40, 16)
+    assert row["kv_blocks_used"] == 3 and row["live_tokens"] == 40
+    assert row["kv_usage"] == pytest.approx(3 / 64)
+    assert row["kv_waste"] == pytest.approx(1 - 40 / 48)
+
+
+def test_two_runs_on_hosts_of_different_speed_say_so() -> None:
+    fast = Machine(cpu_speed_start=900_000, cpu_speed_end=880_000)
+    slow = Machine(cpu_speed_start=640_000, cpu_speed_end=700_000)
+    note = host.speed_note(fast, slow)
+    assert "A 880,000, B 640,000 digests/s per core (-27%)" in note
+    assert host.speed_note(fast, Machine(cpu_speed_start=800_000)) == ""  # within 25 %
+    assert host.speed_note(fast, Machine()) == ""  # an older run without the probe
+    assert host.cpu_speed(duration_s=0.01, probes=2) > 0
+
+
+def test_host_busy_share_counts_all_but_idle_and_iowait() -> None:
+    Times = collections.namedtuple("Times", "user nice system idle iowait steal guest")
+    before = Times(10, 0, 5, 80, 5, 0, 3)
+    after = Times(40, 0, 15, 110, 15, 20, 9)  # 30 user + 10 system + 20 steal busy, 40 idle
+    assert host.busy_pct(before, after) == pytest.approx(60.0)
+    assert host.HostCpu(91.0, 100.0, 2).saturated and not host.HostCpu(89.0, 100.0, 2).saturated

@@ -1,0 +1,156 @@
+"""One HTTP/2 connection's guard (zerolayer.server.h2guard), alone: its byte budget and its
+clocks, driven by a hand-wound clock instead of an event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from zerolayer.server.h2guard import IDLE_CHECKS, PING_PAYLOAD_BYTES, ConnectionGuard
+from zerolayer.server.limits import Limits
+
+
+class Handle:
+    def __init__(self, when: float, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.when = when
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock:
+    """The loop methods the guard uses; ``advance`` fires what falls due, in order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.handles: list[Handle] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[..., None], *args: Any) -> Handle:
+        handle = Handle(when, callback, args)
+        self.handles.append(handle)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> Handle:
+        return self.call_at(self.now + delay, callback, *args)
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while True:
+            due = [h for h in self.handles if not h.cancelled and h.when <= end]
+            if not due:
+                break
+            handle = min(due, key=lambda h: h.when)
+            self.handles.remove(handle)
+            self.now = max(self.now, handle.when)
+            handle.callback(*handle.args)
+        self.now = end
+
+
+class Connection:
+    """The guarded side: records what the guard's clocks made it do."""
+
+    def __init__(self) -> None:
+        self.idle = True
+        self.newest_stream = 0
+        self.pings: list[bytes] = []
+        self.closed = self.went_away = False
+        self.flushes = 0
+
+    def ping(self, payload: bytes) -> None:
+        self.pings.append(payload)
+
+    def goaway(self) -> None:
+        self.went_away = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+class Upload:
+    """A call reading its body: what the guard reads and does to one."""
+
+    def __init__(self) -> None:
+        self.body_len = 0
+        self.refused: list[str] = []
+
+    def refuse(self, error: Any, message: str) -> None:
+        self.refused.append(error.code)
+
+
+def guard(limits: Limits) -> tuple[ConnectionGuard, Clock, Connection]:
+    clock, conn = Clock(), Connection()
+    return ConnectionGuard(limits, cast(Any, clock), conn), clock, conn
+
+
+def test_bodies_and_unread_responses_share_the_byte_budget() -> None:
+    g, _, _ = guard(Limits(connection_buffer_bytes=100, keepalive_s=0, idle_timeout_s=0))
+    call = cast(Any, Upload())
+    g.started_upload(call, 0.0)
+    assert g.has_room(60, unsent=40) and not g.has_room(61, unsent=40)
+    g.uploaded(call, 60, 0.0)
+    call.body_len = 60
+    assert not g.over_budget(unsent=40) and g.over_budget(unsent=41)
+    g.end_upload(call)
+    assert g.upload_bytes == 0 and not g.uploads
+    g.end_upload(call)  # a second end counts nothing twice
+    assert g.upload_bytes == 0
+
+
+def test_a_body_that_stops_arriving_is_refused_408_once_its_timeout_passes() -> None:
+    limits = Limits(body_timeout_s=5, keepalive_s=0, idle_timeout_s=0)
+    g, clock, conn = guard(limits)
+    slow, busy = Upload(), Upload()
+    g.started_upload(cast(Any, slow), clock.now)
+    g.started_upload(cast(Any, busy), clock.now)
+    g.watch_uploads()
+    clock.advance(3)
+    g.uploaded(cast(Any, busy), 10, clock.now)
+    clock.advance(2.5)
+    assert slow.refused == ["request_timeout"] and not busy.refused
+    clock.advance(3)
+    assert busy.refused == ["request_timeout"] and not g.uploads and conn.flushes == 2
+
+
+def test_an_unanswered_keepalive_ping_closes_and_an_answered_one_does_not() -> None:
+    g, clock, conn = guard(Limits(keepalive_s=10, idle_timeout_s=0))
+    clock.advance(10)
+    (payload,) = conn.pings
+    assert len(payload) == PING_PAYLOAD_BYTES
+    g.ping_acked(b"\0" * PING_PAYLOAD_BYTES)  # a payload the client guessed proves nothing
+    g.ping_acked(payload)
+    clock.advance(10)
+    assert len(conn.pings) == 2 and conn.pings[1] != payload and not conn.closed
+    clock.advance(10)
+    assert conn.closed
+
+
+def test_a_connection_idle_for_its_timeout_goes_away_and_a_busy_one_stays() -> None:
+    _, clock, conn = guard(Limits(keepalive_s=0, idle_timeout_s=8))
+    step = 8 / IDLE_CHECKS
+    conn.idle = False
+    clock.advance(8 * 3)
+    assert not conn.went_away
+    conn.idle = True  # just after a busy check: the whole timeout is still to be proven
+    clock.advance(8)
+    assert not conn.went_away
+    clock.advance(step)  # at most one check late
+    assert conn.went_away and conn.closed
+
+
+def test_a_stopped_guard_fires_no_clock() -> None:
+    g, clock, conn = guard(Limits(keepalive_s=1, idle_timeout_s=1, body_timeout_s=1))
+    upload = Upload()
+    g.started_upload(cast(Any, upload), clock.now)
+    g.watch_uploads()
+    g.stop()
+    clock.advance(100)
+    assert not conn.pings and not conn.closed and not upload.refused
