@@ -25,7 +25,7 @@ end of the method).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -70,9 +70,6 @@ class Recovery:
     sli_min: float | None
     note: str = ""
     engine_replicas: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _iso_ns(value: str | None) -> int:

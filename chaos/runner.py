@@ -32,7 +32,7 @@ from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import SCALES, ChaosSettings, Profile, load_profile
 from harness.runner.sampling import phase
-from harness.schema import CHAOS_DIR, requests_file
+from harness.schema import CHAOS_DIR, requests_file, to_data
 from harness.stacks import (
     LLM_BASELINE_IMPL,
     STACKS,
@@ -270,9 +270,7 @@ def run_profile_d(
                 rows.append(run_one(path, stack.name, profile, target_file, chaos_dir, tokens))
                 adopt_restarted(stack, target_file)
                 wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
-    (chaos_dir / f"recovery-{stack.name}.json").write_text(
-        json.dumps([r.to_dict() for r in rows], indent=2)
-    )
+    (chaos_dir / f"recovery-{stack.name}.json").write_text(json.dumps(to_data(rows), indent=2))
     return rows
 
 

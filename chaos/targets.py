@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
+from harness.schema import from_data, to_data
 from harness.stacks.registry import stack_kind
 from harness.stacks.stack import StackKind
 
@@ -96,15 +97,6 @@ class Target:
     def engine_role(self) -> str:
         return self.kind.engine_role
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Target:
-        data = dict(data)
-        data["replicas"] = [ReplicaSpec(**r) for r in data.get("replicas", [])]
-        return cls(**data)
-
 
 def write_target(path: str | os.PathLike[str], target: Target) -> Path:
     """Write atomically (rename), so a provider reading concurrently never sees half a file;
@@ -113,13 +105,13 @@ def write_target(path: str | os.PathLike[str], target: Target) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".target-", suffix=".json")
     with os.fdopen(fd, "wb") as fh:
-        fh.write(orjson.dumps(target.to_dict(), option=orjson.OPT_INDENT_2))
+        fh.write(orjson.dumps(to_data(target), option=orjson.OPT_INDENT_2))
     os.replace(tmp, path)
     return path
 
 
 def read_target(path: str | os.PathLike[str]) -> Target:
-    return Target.from_dict(orjson.loads(Path(path).read_bytes()))
+    return from_data(Target, orjson.loads(Path(path).read_bytes()))
 
 
 def target_path(configuration: dict[str, Any] | None) -> Path:

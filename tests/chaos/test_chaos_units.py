@@ -24,7 +24,7 @@ from chaos.targets import ReplicaSpec, Target, read_target, write_target
 from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import load_profile
-from harness.schema import RequestRecord
+from harness.schema import RequestRecord, to_data
 from harness.stacks import StackName, StackSpec, stack_kind, stand_up
 
 NS = 1_000_000_000
@@ -163,7 +163,7 @@ def test_a_target_file_maps_its_stack_to_the_kind_on_load(tmp_path: Path) -> Non
     llm = Target("baseline", ["front"], "http1", baseline_app="llm", health_path="/v1/models")
     target = read_target(write_target(tmp_path / "llm.json", llm))
     assert target.kind is stack_kind(StackName.BASELINE, "llm") and target.engine_role == "engine"
-    data = target.to_dict() | {"stack": "nginx"}
+    data = to_data(target) | {"stack": "nginx"}
     (tmp_path / "bad.json").write_bytes(orjson.dumps(data))
     with pytest.raises(ValueError, match="unknown stack 'nginx'"):
         read_target(tmp_path / "bad.json")
