@@ -54,8 +54,9 @@ def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, na
 
 def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: int) -> None:
     """On the killed replica, a request that had its first token when the kill came ends in an
-    error (by design: never retried mid-stream), and the replica was serving when it was killed. Whether a stream is under way at that instant is the
-    schedule's luck, so the test checks the rule for each request rather than a count."""
+    error (by design: never retried mid-stream), and the replica was serving when it was killed.
+    Whether a stream is under way at that instant is the schedule's luck, so the test checks the
+    rule for each request rather than a count."""
     chaos_dir = out_dir / "chaos"
     journal = json.loads((chaos_dir / f"{STACK}-kill-engine-replica.journal.json").read_text())
     (killed_url,) = method_actions(journal)[0]["output"]["urls"]
