@@ -4,6 +4,7 @@ these."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -76,3 +77,27 @@ def test_the_contracts_refuse_an_import_against_the_layers(
     assert proc.returncode != 0, proc.stdout[-3000:]
     broken = [ln for ln in proc.stdout.splitlines() if ln.endswith("BROKEN")]
     assert any(ln.startswith(contract) for ln in broken), proc.stdout[-3000:]
+
+
+MAX_MODULE_LINES = 600  # bench/, harness/, chaos/: a module with one job stays readable in one go
+MAX_FUNCTION_LINES = 60
+
+
+def test_every_module_of_the_upper_floors_and_every_function_stays_small() -> None:
+    """The sizes the house keeps: no module over 600 lines in bench/, harness/ or chaos/, no
+    function over 60 lines in any package (so a helper's job is named, not buried)."""
+    long_modules = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for package in ("bench", "harness", "chaos")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    long_functions = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert not long_modules and not long_functions, long_modules + long_functions

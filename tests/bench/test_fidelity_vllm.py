@@ -17,15 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.cli import main
-from bench.fidelity_vllm import (
-    Cell,
-    compare,
-    host_load_note,
-    relative_error,
-    sim_requests,
-    table_markdown,
-    verdict,
-)
+from bench.fidelity_cells import Cell, compare, relative_error, table_markdown, verdict
+from bench.fidelity_vllm import host_load_note, sim_requests
 from harness.profile import load_profile
 from harness.workload import build_schedule
 from serving.wire.tokens import count_prompt_tokens
