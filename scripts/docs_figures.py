@@ -21,7 +21,7 @@ FIGURES: Final = ROOT / "docs" / "figures"
 DPI: Final = 110  # the report's own (bench.report.plots.render_all)
 # figure file -> (run id under docs/runs/, plot name in bench.report.plots.RUN_PLOTS)
 DRAWN: Final = {
-    "latency_variance.png": ("20261202-004416-smoke", "latency_variance"),
+    "latency_variance.png": ("20261202-024041-smoke", "latency_variance"),
 }
 
 
