@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from harness.tables import Align, Column, markdown_table
+from harness.tables import Align, Column, fmt, markdown_table
 
 METRICS: Final = ("ttft", "itl", "e2el")
 PERCENTILES: Final = (50, 90, 99)
@@ -62,10 +62,6 @@ def verdict(cells: Sequence[Cell], tolerance: float) -> bool:
     return bool(cells) and all(c.within(tolerance) for c in cells)
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f} %"
 
@@ -83,7 +79,7 @@ TABLE_COLUMNS: Final = (
 def table_markdown(cells: Sequence[Cell], tolerance: float) -> str:
     """The side-by-side table: one row per profile, metric and percentile."""
     body = [
-        [c.profile, f"p{c.percentile} {c.metric.upper()}", _ms(c.vllm_ms), _ms(c.sim_ms),
+        [c.profile, f"p{c.percentile} {c.metric.upper()}", fmt(c.vllm_ms), fmt(c.sim_ms),
          _pct(c.error), "yes" if c.within(tolerance) else "NO"]
         for c in cells
     ]  # fmt: skip

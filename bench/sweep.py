@@ -45,7 +45,7 @@ from harness.runner.sampling import Telemetry, sampling
 from harness.runner.stack import stack_session
 from harness.schema import SummaryRow, SweepSection
 from harness.stacks import Stack, StackName
-from harness.tables import Align, Column, text_table
+from harness.tables import Align, Column, fmt, text_table
 from serving.cliargs import open_fraction, positive_float, positive_int
 
 GRID_STEP: Final = 1.5
@@ -278,17 +278,13 @@ def points_table(section: SweepSection) -> str:
     """Every point as text, stack by stack, in rate order."""
     body = [
         [p.stack, f"{p.offered_rate:.2f}", str(p.repeat), str(p.completed), str(p.errors),
-         str(p.lost), _ms(p.stat("p99_ttft_ms")), _ms(p.stat("median_e2el_ms")),
-         _ms(p.stat("p99_e2el_ms")), f"{p.request_goodput:.2f}", f"{p.request_throughput:.2f}",
-         _slo_cell(p), _ms(p.host_cpu_pct, ".0f"), _note(p)]
+         str(p.lost), fmt(p.stat("p99_ttft_ms")), fmt(p.stat("median_e2el_ms")),
+         fmt(p.stat("p99_e2el_ms")), f"{p.request_goodput:.2f}", f"{p.request_throughput:.2f}",
+         _slo_cell(p), fmt(p.host_cpu_pct, ".0f"), _note(p)]
         for name in dict.fromkeys(p.stack for p in section.points)
         for p in section.stack_points(name)
     ]  # fmt: skip
     return text_table(POINT_COLUMNS, body, rule=True)
-
-
-def _ms(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else f"{value:{spec}}"
 
 
 def _slo_cell(row: SummaryRow) -> str:

@@ -43,7 +43,7 @@ from harness.stacks import (
     StackSpec,
     stand_up,
 )
-from harness.tables import Align, Column, text_table
+from harness.tables import Align, Column, fmt, text_table
 from harness.telemetry import PhaseLog
 from serving.engine import ENGINES
 from serving.engine.options import add_engine_option, validate_engine_options
@@ -274,10 +274,6 @@ def run_profile_d(
     return rows
 
 
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(rows: Sequence[Recovery]) -> str:
     """The recovery table as aligned text."""
     head = ("stack", "experiment", "fault", "reqs", "failed", "lost", "TTD s", "TTR s",
@@ -287,9 +283,10 @@ def table(rows: Sequence[Recovery]) -> str:
     for r in rows:
         lines.append((
             r.stack, r.experiment, r.fault, str(r.requests), str(r.failed), str(r.lost),
-            _fmt(r.time_to_detect_s), _fmt(r.time_to_recover_s), _fmt(r.sdk_reroute_s),
-            _fmt(r.error_budget_burn, ".1f"), _fmt(r.blast_radius_requests, ".0%"),
-            _fmt(r.blast_radius_replicas, ".0%"), f"{r.hypothesis_before}/{r.hypothesis_after}",
+            fmt(r.time_to_detect_s, ".2f"), fmt(r.time_to_recover_s, ".2f"),
+            fmt(r.sdk_reroute_s, ".2f"),
+            fmt(r.error_budget_burn, ".1f"), fmt(r.blast_radius_requests, ".0%"),
+            fmt(r.blast_radius_replicas, ".0%"), f"{r.hypothesis_before}/{r.hypothesis_after}",
             "ok" if r.rollbacks_ok else "FAILED",
         ))  # fmt: skip
     return text_table([Column(h, align=Align.LEFT) for h in head], lines[1:], gap=2)

@@ -42,13 +42,16 @@ class Column:
     width: int = 0
 
 
+def fmt(value: Any, spec: str = ".1f") -> str:
+    """A number as text by a format ``spec``, a missing one (None) a dash."""
+    return MISSING if value is None else format(value, spec)
+
+
 def cell(value: Any, digits: int = 0) -> str:
     """A value as a cell: a float to ``digits`` decimals, a missing one (None) a dash."""
-    if value is None:
-        return MISSING
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+        return fmt(value, f".{digits}f")
+    return MISSING if value is None else str(value)
 
 
 def cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> list[list[str]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.runner.console import fmt_ms, say
+from harness.runner.console import say
 from harness.runner.results import RunDir
 from harness.schema import SummaryRow
-from harness.tables import Align, Column, text_table
+from harness.tables import Align, Column, fmt, text_table
 
 SUMMARY_COLUMNS = (
     Column("stack", align=Align.LEFT, width=10),
@@ -18,10 +18,6 @@ SUMMARY_COLUMNS = (
       ("host%", 5))),
     Column("valid", align=Align.LEFT),
 )  # fmt: skip
-
-
-def _fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
@@ -38,12 +34,12 @@ def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
 def summary_table(rows: Sequence[SummaryRow]) -> str:
     body = []
     for r in rows:
-        ttft = fmt_ms(r.stat("median_ttft_ms")) + ("*" if r.ttft_is_first_byte else "")
-        stats = [fmt_ms(r.stat(k)) for k in ("median_e2el_ms", "p99_e2el_ms", "std_e2el_ms")]
+        ttft = fmt(r.stat("median_ttft_ms")) + ("*" if r.ttft_is_first_byte else "")
+        stats = [fmt(r.stat(k)) for k in ("median_e2el_ms", "p99_e2el_ms", "std_e2el_ms")]
         body.append([
             r.stack, r.profile, str(r.completed), str(r.errors), str(r.lost), ttft, *stats,
             f"{r.request_throughput:.2f}", f"{r.request_goodput:.2f}",
-            _fmt_pct(r.host_cpu_pct), "yes" if r.valid else "NO: " + "; ".join(r.invalid_reasons),
+            fmt(r.host_cpu_pct, ".0f"), "yes" if r.valid else "NO: " + "; ".join(r.invalid_reasons),
         ])  # fmt: skip
     lines = [text_table(SUMMARY_COLUMNS, body, rule=True)]
     if any(r.ttft_is_first_byte for r in rows):

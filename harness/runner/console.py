@@ -5,21 +5,18 @@ from __future__ import annotations
 import time
 
 from harness.schema import SummaryRow
+from harness.tables import fmt
 
 
 def say(message: str) -> None:
     print(f"[zl-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def row_outcome(row: SummaryRow) -> str:
     """One line on what a row measured, and what makes it doubtful."""
     text = (
         f"{row.completed} completed, {row.errors} errors, {row.lost} lost, E2EL p50 "
-        f"{fmt_ms(row.stat('median_e2el_ms'))} ms, goodput {row.request_goodput:.2f} req/s"
+        f"{fmt(row.stat('median_e2el_ms'))} ms, goodput {row.request_goodput:.2f} req/s"
     )
     if row.slo_met is not None:
         text += ", within SLOs" if row.slo_met else ", SLOs missed"
@@ -41,7 +38,7 @@ def turns_outcome(row: SummaryRow) -> str:
     if not turns:
         return ""
     cache = row.prefix_cache
-    ttft = ", ".join(f"{t.turn}: {fmt_ms(t.p50_ttft_ms)}" for t in turns)
+    ttft = ", ".join(f"{t.turn}: {fmt(t.p50_ttft_ms)}" for t in turns)
     rate = "n/a" if cache.hit_rate is None else f"{cache.hit_rate:.1%}"
     prefilled = cache.prefilled_per_request
     return (

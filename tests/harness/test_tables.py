@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.tables import Align, Column, cell, cells, markdown_table, text_table
+from harness.tables import MISSING, Align, Column, cell, cells, fmt, markdown_table, text_table
 
 COLUMNS = (
     Column("target", "target", align=Align.LEFT),
@@ -58,3 +58,9 @@ def test_markdown_has_a_header_a_rule_and_a_line_per_row() -> None:
         "| --- | ---: | ---: |",
         "| inproc | 20 | - |",
     ]
+
+
+def test_fmt_formats_by_spec_and_shows_a_missing_value_as_the_cells_dash() -> None:
+    assert fmt(None) == MISSING == cell(None)
+    assert fmt(1.25) == "1.2" and fmt(1.234, ".2f") == "1.23" and fmt(0.5, ".0%") == "50%"
+    assert fmt(600, ".1f") == "600.0"  # an int read from JSON formats as the float it stands for
