@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from bench import run as bench_run
+from bench.run import FAULT_PROFILE as FAULT
 from harness import schema
 from harness.loaders import LoadResult
 from harness.metrics import summarize
@@ -28,6 +29,14 @@ from tests.support import readme
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 SMOKE_LIMIT_S = 600
+
+
+def _must_lose_nothing(stack: str, profile: str) -> bool:
+    """The zero-layer stack never loses a request, nor does either stack without a fault. The
+    baseline may under one: on a loaded CI host a request that Ray Serve's proxy held while its
+    one ingress replica was being replaced got no answer by deadline plus grace. That is a
+    measurement of the baseline, counted in profile D's recovery rows, not a defect of ours."""
+    return stack == "zerolayer" or profile != FAULT
 
 
 def _run_dir(out: Path) -> Path:
@@ -61,11 +70,15 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     assert pairs == {(s, p) for s in ("zerolayer", "baseline") for p in profiles}
     for row in summary:
         assert row["num_requests"] > 0, row["profile"]
-        assert row["lost"] == 0, (row["stack"], row["profile"])
-        assert row["completed"] + row["errors"] == row["num_requests"]
+        assert row["completed"] + row["errors"] + row["lost"] == row["num_requests"]
+        if _must_lose_nothing(row["stack"], row["profile"]):
+            assert row["lost"] == 0, (row["stack"], row["profile"])
     recovery = orjson.loads((run / schema.CHAOS_DIR / "recovery.json").read_bytes())
     assert {r["stack"] for r in recovery} == {"zerolayer", "baseline"}
-    assert all(r["lost"] == 0 and r["rollbacks_ok"] for r in recovery)
+    assert all(r["rollbacks_ok"] for r in recovery)
+    assert all(r["lost"] == 0 for r in recovery if r["stack"] == "zerolayer")
+    (fault_row,) = (r for r in summary if (r["stack"], r["profile"]) == ("baseline", FAULT))
+    assert fault_row["lost"] == sum(r["lost"] for r in recovery if r["stack"] == "baseline")
     html = (run / schema.REPORT).read_text()
     assert "Recovery (profile D" in html and "Seed-study claims" in html
     assert len(list((run / schema.PLOTS_DIR).glob("*.png"))) >= 6
