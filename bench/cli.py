@@ -52,8 +52,14 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         "compare",
         "bench.report.compare",
-        "compare two runs (bootstrap CIs) or two sweeps (point by point and headline figures "
-        "with intervals); exit 0 no regression, 1 regression, 2 incomparable",
+        "compare two runs (intervals over trials) or two sweeps (point by point and headline "
+        "figures with intervals); exit 0 no regression, 1 regression, 2 incomparable",
+    ),
+    Subcommand(
+        "aa",
+        "bench.aa",
+        "run one configuration in pairs and report how often compare flags a regression between "
+        "two runs of it (the false-alarm rate)",
     ),
     Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
     Subcommand(

@@ -1,10 +1,15 @@
-"""``zl-bench run``: stand each stack up, run every profile on it, sample, save, report.
+"""``zl-bench run``: stand the stacks up, run every profile on them in trials, sample, save,
+report.
 
-Stacks run one after the other on the same machine (never at once: on 2 cores they would steal
-each other's CPU), each profile with the same seeded schedule on both; profile D runs the chaos
-experiments on the very stack the other profiles used, before it is torn down. Everything is
-written as it happens, so a run cut short by SIGINT still leaves a directory that
-``zl-bench report`` renders, marked incomplete; run.json records how the run really ended.
+The trial (one stack, one seeded schedule) is the unit (``harness.runner.trials``): every stack
+is up for the whole run, and each of ``--repeats`` repeats drives every non-fault profile on
+every stack, the stacks in a balanced order (A B, then B A, ...), each with the repeat's seeded
+schedule (seed, seed + 1, ...), so that the claims and ``compare`` can pair the stacks' trials
+by repeat. Only one stack is driven at a time; the others sit idle beside it (their idle CPU
+shows in the trial's host CPU). Profile D then runs the chaos experiments on each stack in turn,
+once. Everything is written as it happens, so a run cut short by SIGINT still leaves a
+directory that ``zl-bench report`` renders, marked incomplete; run.json records how the run
+really ended.
 
 ``--auth`` is the production-like mode: the run writes a key file with one fresh key per tenant
 its profiles use (each allowed the most urgent class that tenant is sent with) into the run
@@ -27,6 +32,7 @@ from bench.stack_options import add_stack_arguments, comma_separated, config_fro
 from harness import schema
 from harness.capacity import Capacity
 from harness.metrics import summarize
+from harness.parity import check_parity
 from harness.profile import PROFILES, Profile, resolve_name
 from harness.runner.config import (
     RunConfig,
@@ -37,13 +43,12 @@ from harness.runner.config import (
     workload_stats,
 )
 from harness.runner.console import say
-from harness.runner.drive import run_load_profile
 from harness.runner.ending import until_stopped
 from harness.runner.results import RunDir, host_line, open_run
 from harness.runner.sampling import Telemetry, sampling
-from harness.runner.stack import stack_session
+from harness.runner.trials import run_trial, stacks_up, trial_order
 from harness.schema import SummaryRow
-from harness.stacks import STACKS, Stack, StackName
+from harness.stacks import STACKS, Stack
 
 FAULT_PROFILE = "d_fault"
 
@@ -83,22 +88,26 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     )
 
 
-def _run_stack(
-    name: StackName, profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
+def _run_stacks(
+    profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
 ) -> None:
-    """Stand one stack up, run every profile on it (profile D last), tear it down."""
-    with stack_session(name, config, run, tele) as stack:
-        described = run.meta.stacks[name.value]
-        described["request_body_fields"] = stack.body_fields()
+    """Stand every stack up, run the repeats of every load profile on them in a balanced
+    order, then profile D on each; tear them all down."""
+    with stacks_up(config.stacks, config, run, tele) as stacks:
+        check_parity(stacks, config.allow_mismatch, run)  # every stack up, before any load
+        for stack in stacks:
+            run.meta.stacks[stack.name.value]["request_body_fields"] = stack.body_fields()
         try:
-            for profile in profiles:
-                if profile.fault is None:
-                    run_load_profile(profile, stack, config, run, tele)
-            for profile in profiles:
-                if profile.fault is not None:
+            for repeat in range(config.trials):
+                for profile in (p for p in profiles if p.fault is None):
+                    for stack in trial_order(stacks, repeat):
+                        run_trial(profile, stack, config, run, tele, repeat)
+            for stack in stacks:
+                for profile in (p for p in profiles if p.fault is not None):
                     _run_fault_profile(profile, stack, run, tele)
         finally:
-            described["engines_at_teardown"] = tele.last_reads(stack)
+            for stack in stacks:
+                run.meta.stacks[stack.name.value]["engines_at_teardown"] = tele.last_reads(stack)
             run.save()
 
 
@@ -129,8 +138,7 @@ def run(config: RunConfig) -> int:
     _describe_profiles(run, profiles, capacities)
     try:
         with until_stopped(run) as ending, sampling(run, config.telemetry_interval_s) as tele:
-            for name in config.stacks:
-                _run_stack(name, profiles, config, run, tele)
+            _run_stacks(profiles, config, run, tele)
     except BaseException:
         with contextlib.suppress(Exception):
             render(run)
@@ -152,7 +160,8 @@ def _profile_name(item: str) -> str:
     return resolve_name(item)
 
 
-def _profiles(text: str) -> tuple[str, ...]:
+def profile_list(text: str) -> tuple[str, ...]:
+    """``--profiles``: names or TOML paths, comma-separated (shared with ``zl-bench aa``)."""
     try:
         names = [_profile_name(item) for item in comma_separated(text)]
     except ValueError as exc:
@@ -166,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench run``'s arguments."""
     parser.add_argument(
         "--profiles",
-        type=_profiles,
+        type=profile_list,
         default=",".join(PROFILES),
         help=f"comma-separated, from {', '.join(PROFILES)} (or a-f), or profile TOML paths",
     )

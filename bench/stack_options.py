@@ -94,6 +94,14 @@ def _add_stack_choice(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
     parser.add_argument("--seed", type=int, help="override every profile's seed")
     parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=None,
+        help="trials per stack: of each profile in a run (default 3), of each rate in a sweep "
+        "(default the profile's sweep_repeats at the scale: 3, 1 at smoke); repeat k is seeded "
+        "seed + k and runs the stacks in a balanced order",
+    )
+    parser.add_argument(
         "--slo",
         type=_slo,
         action="append",
@@ -134,6 +142,13 @@ def _add_stack_setup(parser: argparse.ArgumentParser) -> None:
         "--workload", type=_workload, metavar="SOURCE[:PATH]", help=WORKLOAD_OPTION_HELP
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines (CI logs)")
+    parser.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="run even when the stacks' engines report different settings (max_num_seqs, KV "
+        "blocks, ...): the difference is recorded in run.json and marked in the report; "
+        "without it a difference stops the run before the stack's load",
+    )
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,4 +181,6 @@ def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfi
         quiet=args.quiet,
         auth=args.auth,
         workload=args.workload,
+        repeats=args.repeats,
+        allow_mismatch=args.allow_mismatch,
     )

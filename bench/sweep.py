@@ -29,6 +29,7 @@ from harness import curves, schema
 from harness.capacity import Capacity
 from harness.errors import UsageError
 from harness.metrics import Slo
+from harness.parity import check_parity
 from harness.profile import PROFILES, Profile, WorkloadSource, resolve_name
 from harness.runner.config import (
     RunConfig,
@@ -38,15 +39,15 @@ from harness.runner.config import (
     load_profiles,
 )
 from harness.runner.console import row_outcome, say
-from harness.runner.drive import LoadPhase, measure, schedule_for
+from harness.runner.drive import LoadPhase, schedule_for
 from harness.runner.ending import until_stopped
 from harness.runner.results import RunDir, host_line, open_run
 from harness.runner.sampling import Telemetry, sampling
-from harness.runner.stack import stack_session
+from harness.runner.trials import measure_trial, stacks_up, trial_order
 from harness.schema import SummaryRow, SweepSection
-from harness.stacks import Stack, StackName
+from harness.stacks import Stack
 from harness.tables import Align, Column, fmt, text_table
-from serving.cliargs import open_fraction, positive_float, positive_int
+from serving.cliargs import open_fraction, positive_float
 
 GRID_STEP: Final = 1.5
 MAX_POINTS: Final = 16
@@ -67,7 +68,6 @@ class SweepConfig:
     rates: tuple[float, ...] = ()
     adaptive: bool = False
     resolution: float = DEFAULT_RESOLUTION
-    repeats: int | None = None
     added_latency_ms: float = DEFAULT_ADDED_LATENCY_MS
     point_duration_s: float | None = None
     max_points: int = MAX_POINTS
@@ -162,31 +162,43 @@ class Sweeper:
             tags={"rate": rate},
         )
 
-    def point(self, stack: Stack, state: StackSweep, rate: float) -> list[SummaryRow]:
-        """Every repeat at ``rate``; each row is saved as soon as it is measured."""
+    def trial(self, stack: Stack, state: StackSweep, rate: float, repeat: int) -> SummaryRow:
+        """Repeat ``repeat`` at ``rate`` on one stack, saved as soon as it is measured."""
         section = self.run.sweep
         assert section is not None
-        index = len({p.offered_rate for p in state.points})
-        rows = []
-        for repeat in range(self.profile.sweep_repeats):
-            records = schema.point_file(stack.name, self.profile.name, rate, repeat)
-            row = measure(
-                self.load(stack, rate, repeat, records), stack, self.config.run, self.tele
-            )
-            row.repeat, row.point, row.records_file = repeat, index, records
-            rows.append(row)
-            state.points.append(row)
-            section.points.append(row)
-            self.run.save_sweep()
-            say(f"{stack.name} @ {rate:g} req/s (repeat {repeat}): {row_outcome(row)}")
-        return rows
+        index = len({p.offered_rate for p in state.points if p.offered_rate != rate})
+        records = schema.point_file(stack.name, self.profile.name, rate, repeat)
+        load = self.load(stack, rate, repeat, records)
+        row = measure_trial(load, stack, self.config.run, self.tele, repeat)
+        row.point, row.records_file = index, records
+        state.points.append(row)
+        section.points.append(row)
+        self.run.save_sweep()
+        say(f"{stack.name} @ {rate:g} req/s (repeat {repeat}): {row_outcome(row)}")
+        return row
 
-    def grid(self, stack: Stack, state: StackSweep, rates: Sequence[float]) -> None:
-        for rate in rates:
-            state.stopped = stop_reason(self.point(stack, state, rate)) or collapsed(state.points)
-            if state.stopped:
-                say(f"{stack.name}: sweep stopped, {state.stopped}")
+    def point(self, stack: Stack, state: StackSweep, rate: float) -> list[SummaryRow]:
+        """Every repeat at ``rate`` on one stack (the adaptive search's probe)."""
+        return [self.trial(stack, state, rate, k) for k in range(self.profile.sweep_repeats)]
+
+    def grid(
+        self, stacks: Sequence[Stack], states: Sequence[StackSweep], rates: Sequence[float]
+    ) -> None:
+        """Every rate in turn; at each, every repeat on every stack still going, the stacks in
+        a balanced order (``trial_order``); a stack stops on its own rows."""
+        pairs = list(zip(stacks, states, strict=True))
+        for index, rate in enumerate(rates):
+            going = [(stack, state) for stack, state in pairs if not state.stopped]
+            if not going:
                 return
+            rows: dict[str, list[SummaryRow]] = {state.name: [] for _, state in going}
+            for repeat in range(self.profile.sweep_repeats):
+                for stack, state in trial_order(going, index + repeat):
+                    rows[state.name].append(self.trial(stack, state, rate, repeat))
+            for stack, state in going:
+                state.stopped = stop_reason(rows[state.name]) or collapsed(state.points)
+                if state.stopped:
+                    say(f"{stack.name}: sweep stopped, {state.stopped}")
 
     def adaptive(self, stack: Stack, state: StackSweep, low: float, high: float) -> None:
         found = curves.bisect_rate(
@@ -310,17 +322,18 @@ def _rates(config: SweepConfig, profile: Profile, capacity: Capacity) -> list[fl
     return default_rates(profile, capacity, config.max_points)
 
 
-def _run_stack(
-    name: StackName, sweeper: Sweeper, rates: Sequence[float], states: list[StackSweep]
-) -> None:
-    """Stand one stack up, sweep it (the grid, or bisection), tear it down."""
-    with stack_session(name, sweeper.config.run, sweeper.run, sweeper.tele) as stack:
-        state = StackSweep(name.value)
-        states.append(state)
-        if sweeper.config.adaptive:
+def _run_stacks(sweeper: Sweeper, rates: Sequence[float], states: list[StackSweep]) -> None:
+    """Stand every stack up and sweep them: the grid with the stacks interleaved, or one
+    stack's bisection after another (its rates depend on its own answers); tear them down."""
+    config = sweeper.config
+    with stacks_up(config.run.stacks, config.run, sweeper.run, sweeper.tele) as stacks:
+        check_parity(stacks, config.run.allow_mismatch, sweeper.run)  # before any load
+        states.extend(StackSweep(stack.name.value) for stack in stacks)
+        if not config.adaptive:
+            sweeper.grid(stacks, states, rates)
+            return
+        for stack, state in zip(stacks, states, strict=True):
             sweeper.adaptive(stack, state, rates[0], rates[-1])
-        else:
-            sweeper.grid(stack, state, rates)
 
 
 def _finish(
@@ -345,8 +358,8 @@ def sweep(config: SweepConfig) -> int:
         )
     if config.point_duration_s is not None:
         profile = replace(profile, sweep_duration_s=config.point_duration_s)
-    if config.repeats is not None:
-        profile = replace(profile, sweep_repeats=config.repeats)
+    if config.run.repeats is not None:
+        profile = replace(profile, sweep_repeats=config.run.repeats)
     check_external(config.run)
     capacity = capacity_preflight([profile], config.run)[profile.name]
     rates = _rates(config, profile, capacity)
@@ -376,9 +389,7 @@ def _execute(config: SweepConfig, profile: Profile, rates: Sequence[float], run:
     started = time.monotonic()
     try:
         with until_stopped(run) as ending, sampling(run, config.run.telemetry_interval_s) as tele:
-            sweeper = Sweeper(config, profile, run, tele)
-            for name in config.run.stacks:
-                _run_stack(name, sweeper, rates, states)
+            _run_stacks(Sweeper(config, profile, run, tele), rates, states)
     except BaseException:
         _finish(run, run.sweep, states, profile.slos)
         raise
@@ -433,13 +444,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--adaptive stops when the bracket is this fraction of the rate",
     )
     parser.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=None,
-        help="runs per rate, seeds seed, seed+1, ... (default: the profile's sweep_repeats at "
-        "the scale: 3, 1 at smoke)",
-    )
-    parser.add_argument(
         "--added-latency-ms",
         type=positive_float,
         default=DEFAULT_ADDED_LATENCY_MS,
@@ -462,7 +466,6 @@ def run_command(args: argparse.Namespace) -> int:
         rates=tuple(args.rates),
         adaptive=args.adaptive,
         resolution=args.resolution,
-        repeats=args.repeats,
         added_latency_ms=args.added_latency_ms,
         point_duration_s=args.point_duration_s,
     )

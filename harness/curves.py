@@ -76,6 +76,23 @@ def interval(
     return Interval(mean, low, high, len(got), tuple(values), note=partial)
 
 
+def difference_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float | None, float | None]:
+    """Mean of ``b`` minus mean of ``a`` and its Welch interval (unequal variances, scipy's t),
+    for trials of two runs that are not paired; no interval with fewer than two on a side."""
+    diff = float(np.mean(b)) - float(np.mean(a))
+    if len(a) < 2 or len(b) < 2:
+        return diff, None, None
+    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, diff, diff
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(sps.t.ppf(0.5 + confidence / 2, dof)) * se
+    return diff, diff - half, diff + half
+
+
 def usable(row: SummaryRow) -> bool:
     """A point that measured the stack: its loader kept to the schedule."""
     return not row.loader_limited

@@ -17,15 +17,20 @@ from ray import serve
 
 from baselines.rayserve.items import ChunkItem, EngineItem, ErrorItem
 from serving.engine import EngineError, EngineRequest, EngineStats, make_engine
+from serving.engine.settings import EngineSettings, engine_settings
 
 STATS_PREFIX = "engine-stats-"
 
 
-def publish_stats(path: Path, stats: EngineStats) -> None:
+def publish_stats(path: Path, stats: EngineStats, settings: EngineSettings | None = None) -> None:
     """Append one stats snapshot: the replica lives in a Ray worker the bench cannot call into
-    per replica, so it publishes its own figures at every health check (about once a second)."""
+    per replica, so it publishes its own figures at every health check (about once a second),
+    with the settings its engine runs with (``settings``, read back by the parity check)."""
+    snapshot = {"t_ns": time.time_ns(), **asdict(stats)}
+    if settings is not None:
+        snapshot["settings"] = settings.known()
     with open(path, "ab") as fh:
-        fh.write(orjson.dumps({"t_ns": time.time_ns(), **asdict(stats)}) + b"\n")
+        fh.write(orjson.dumps(snapshot) + b"\n")
 
 
 class EngineReplica:
@@ -61,7 +66,7 @@ class EngineReplica:
             raise RuntimeError("engine closed")
         stats = self.engine.stats()
         if self.stats_path is not None:
-            publish_stats(self.stats_path, stats)
+            publish_stats(self.stats_path, stats, engine_settings(self.engine))
 
     async def __del__(self) -> None:
         self.closed = True

@@ -179,6 +179,18 @@ class LlmBaselineHandle(ServeHandle):
         ``engine_core``."""
         return llm_actor_pids()
 
+    def applied_engine_kwargs(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The vLLM engine arguments an LLMServer replica runs with, asked of it (its
+        ``llm_config``): what Ray Serve LLM applied, its own defaults included."""
+        from ray import serve
+
+        names = [n for n in self.metadata.get("deployments", {}) if n.startswith(LLM_SERVER_PREFIX)]
+        if not names:
+            raise RuntimeError(f"no {LLM_SERVER_PREFIX} deployment in {APP_NAME}")
+        server = serve.get_deployment_handle(names[0], app_name=APP_NAME)
+        config = server.llm_config.remote().result(timeout_s=timeout_s)
+        return dict(config.engine_kwargs)
+
 
 def start_llm_baseline(
     model: str,

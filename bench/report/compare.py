@@ -1,19 +1,24 @@
 """``zl-bench compare A B``: two runs side by side, plain runs here, sweeps in compare_sweep.
 
-Plain runs: for every (stack, profile) in both runs and every compared metric, the difference
-B - A gets a percentile bootstrap interval from resampling whole requests (so a request's ITL gaps
-stay together). A change is flagged as a regression when the interval excludes zero in the worse
-direction *and* the change is beyond the threshold: statistically real and big enough to matter.
-Point values are harness.metrics' own; the resampled statistics use the same functions.
+Plain runs are compared on trials (``harness.validity``): for every (stack, profile) in both runs,
+each run's valid trials give one value of each metric per trial, and the difference of the
+means, B - A, gets a Welch interval over trials (never over requests: open-loop latencies within
+a run are autocorrelated, and a run's own noise says nothing of the next run's). A change is a
+regression only when that interval lies wholly beyond the threshold on the worse side: beyond
+``--threshold`` of A's value and the metric's noise floor. A side with fewer than
+``MIN_TRIALS`` valid trials, or hosts whose speeds differ by more than ``SPEED_DIFFERS``, makes
+the runs incomparable (exit 2) unless ``--force``. A trial is valid here when the harness kept
+its part (``harness.validity.harness_problems``: loader on schedule, host measured, not saturated
+and steady); a stack that saturates or loses requests is what compare is for, so those count.
 
 Sweeps (both runs swept the same profile) are judged on their headline figures and listed at the
 offered rates both ran, by bench.report.compare_sweep; this module checks the two runs are alike,
 joins the verdicts and prints them. compare_sweep's public names are re-exported here.
 
 Exit status for CI: 0 no regression, 1 regression, 2 error or incomparable runs (different
-scale, engine, seed, loader or SLOs, unless forced; a sweep against a plain run, always). A fall
-to zero completions is a regression: with nothing completed there is no latency to compare, not
-a -100 % "improvement".
+scale, engine, seed, loader or SLOs, too few valid trials, hosts of different speeds, unless
+forced; a sweep against a plain run, always). A fall to zero completions is a regression: with
+nothing completed there is no latency to compare, not a -100 % "improvement".
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from bench.report.compare_sweep import (
     sweep_differences,
 )
 from bench.report.data import RunData, load_run
-from harness import metrics, schema
+from harness import curves, schema, validity
 from harness.errors import UsageError
 from harness.telemetry.host import speed_note
 
@@ -93,8 +98,8 @@ __all__ = [
 ]
 
 
-# Resampling requests sees the noise inside a run, not between runs (timer and scheduler jitter
-# of a shared machine, a few ms here): changes smaller than these floors are never flagged.
+# The smallest change worth a flag whatever the interval says (timer and scheduler jitter of a
+# shared machine, a few ms here): changes smaller than these floors are never flagged.
 LATENCY_FLOOR_MS = 5.0
 ITL_FLOOR_MS = 1.0
 
@@ -193,93 +198,61 @@ class Comparison:
         return int(self.verdict)
 
 
-class _Sample:
-    """One (stack, profile)'s requests, pre-split per request for fast resampling."""
-
-    def __init__(self, records: list[schema.RequestRecord]) -> None:
-        self.records = records
-        per = [metrics.series([r]) for r in records]
-        self.single = {
-            name: np.array([s[name][0] if s[name] else np.nan for s in per])
-            for name in ("ttft", "e2el")
-        }
-        self.itl = [np.asarray(s["itl"], dtype=float) for s in per]
-        self.completed = np.array([r.outcome == "completed" for r in records])
-        self.duration = metrics.run_duration_s(records)
-        self.summary = schema.from_data(schema.SummaryRow, metrics.summarize(records))
-
-    def point(self, metric: Metric) -> float | None:
-        if metric.key == "failed_fraction":
-            n = self.summary.num_requests
-            return self.summary.failed / n if n else 0.0
-        if metric.key == "request_throughput":
-            return self.summary.request_throughput
-        return self.summary.stat(metric.key)
-
-    def resampled(self, metric: Metric, idx: np.ndarray) -> float:
-        """The metric on one resample; NaN where the resample has no such figure."""
-        if metric.key == "failed_fraction":
-            return float(1.0 - self.completed[idx].mean())
-        if metric.key == "request_throughput":
-            return float(self.completed[idx].sum() / self.duration) if self.duration else 0.0
-        if metric.series == "itl":
-            parts = [self.itl[i] for i in idx]
-            values = np.concatenate(parts) if parts else np.zeros(0)
-        else:
-            values = self.single[metric.series][idx]
-            values = values[~np.isnan(values)]
-        value = metrics.describe(metric.series, list(values))[metric.key]
-        return float("nan") if value is None else value
-
-
-def _ci(diffs: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
-    finite = diffs[np.isfinite(diffs)]
-    if finite.size == 0:
-        return None, None
-    lo, hi = np.percentile(finite, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return float(lo), float(hi)
+def _trial_value(row: schema.SummaryRow, metric: Metric) -> float | None:
+    if metric.key == "failed_fraction":
+        return row.failed / row.num_requests if row.num_requests else 0.0
+    if metric.key == "request_throughput":
+        return row.request_throughput
+    return row.stat(metric.key)
 
 
 def _metric_row(
     key: tuple[str, str],
     metric: Metric,
-    samples: tuple[_Sample, _Sample],
-    draws: tuple[np.ndarray, np.ndarray],
+    trials: tuple[list[schema.SummaryRow], list[schema.SummaryRow]],
     threshold: float,
     confidence: float,
 ) -> Row:
-    a, b = samples
-    va, vb = a.point(metric), b.point(metric)
-    if va is None or vb is None:
+    """One metric over both runs' trials: the means, the Welch interval of B - A, and whether
+    the whole interval lies beyond the threshold on the worse side."""
+    a = [v for v in (_trial_value(r, metric) for r in trials[0]) if v is not None]
+    b = [v for v in (_trial_value(r, metric) for r in trials[1]) if v is not None]
+    if not a or not b:
+        va = float(np.mean(a)) if a else None
+        vb = float(np.mean(b)) if b else None
         return Row(key[0], key[1], metric.key, va, vb, None, None, False)
-    diffs = np.array(
-        [b.resampled(metric, ib) - a.resampled(metric, ia) for ia, ib in zip(*draws, strict=True)]
-    )
-    lo, hi = _ci(diffs, confidence)
-    worse = va - vb if metric.higher_is_better else vb - va
-    real = lo is not None and hi is not None and (hi < 0 if metric.higher_is_better else lo > 0)
-    big = worse > max(threshold * abs(va), metric.min_abs_change)
-    return Row(key[0], key[1], metric.key, va, vb, lo, hi, bool(real and big))
+    va, vb = float(np.mean(a)), float(np.mean(b))
+    _, lo, hi = curves.difference_interval(a, b, confidence)
+    bound = max(threshold * abs(va), metric.min_abs_change)
+    if lo is None or hi is None:
+        beyond = False
+    else:
+        beyond = hi < -bound if metric.higher_is_better else lo > bound
+    return Row(key[0], key[1], metric.key, va, vb, lo, hi, beyond)
 
 
 def _compare_pair(
     key: tuple[str, str],
-    a: _Sample,
-    b: _Sample,
-    n_boot: int,
+    a: list[schema.SummaryRow],
+    b: list[schema.SummaryRow],
     threshold: float,
     confidence: float,
-    rng: np.random.Generator,
 ) -> list[Row]:
-    draws = (
-        rng.integers(0, len(a.records), size=(n_boot, len(a.records))),
-        rng.integers(0, len(b.records), size=(n_boot, len(b.records))),
-    )
-    rows = [_metric_row(key, m, (a, b), draws, threshold, confidence) for m in METRICS]
-    done_a, done_b = a.summary.completed, b.summary.completed
+    rows = [_metric_row(key, m, (a, b), threshold, confidence) for m in METRICS]
+    done_a, done_b = sum(r.completed for r in a), sum(r.completed for r in b)
     if done_a > 0 and done_b == 0:
-        rows.append(Row(key[0], key[1], "completed", done_a, 0.0, None, None, True))
+        rows.append(Row(key[0], key[1], "completed", done_a / len(a), 0.0, None, None, True))
     return rows
+
+
+def _valid_trials(run: RunData, key: tuple[str, str]) -> tuple[list[schema.SummaryRow], str]:
+    """The run's trials of ``key`` that may decide, and what is wrong with the others."""
+    rows = [r for r in run.summaries if (r.stack, r.profile) == key]
+    reference = run.meta.machine.cpu_speed_start or validity.first_speed(rows)
+    good = [r for r in rows if not validity.harness_problems(r, reference)]
+    bad = [f"trial {r.repeat}: {'; '.join(validity.harness_problems(r, reference))}"
+           for r in rows if r not in good]  # fmt: skip
+    return good, " | ".join(bad)
 
 
 def _differences(a: RunData, b: RunData) -> list[str]:
@@ -344,15 +317,12 @@ def _mismatch(a: RunData, b: RunData) -> str:
 def compare_runs(
     a: RunData,
     b: RunData,
-    n_boot: int = 1000,
     threshold: float = 0.10,
     confidence: float = 0.95,
-    seed: int = 0,
     force: bool = False,
 ) -> Comparison:
     """Rows for every (stack, profile) both runs have and, for two sweeps, their headline
     figures and shared points; with notes and what makes the runs unlike."""
-    rng = np.random.default_rng(seed)
     result = Comparison(str(a.path), str(b.path), forced=force)
     result.mismatch = _mismatch(a, b)
     if result.mismatch:
@@ -369,16 +339,23 @@ def compare_runs(
     result.notes += _invalid_notes(a, "A") + _invalid_notes(b, "B")
     speed = speed_note(a.meta.machine, b.meta.machine)
     if speed:
-        result.notes.append(speed)
-    for key in sorted(set(a.records) | set(b.records)):
-        ra, rb = a.records.get(key, []), b.records.get(key, [])
-        if not ra or not rb:
-            where = "A" if ra else "B"
+        result.incomparable.append(speed)
+    keys_a = {(r.stack, r.profile) for r in a.summaries}
+    keys_b = {(r.stack, r.profile) for r in b.summaries}
+    for key in sorted(keys_a | keys_b):
+        if key not in keys_a or key not in keys_b:
+            where = "A" if key in keys_a else "B"
             result.notes.append(f"{key[0]}/{key[1]}: only in run {where}, not compared")
             continue
-        result.rows += _compare_pair(
-            key, _Sample(ra), _Sample(rb), n_boot, threshold, confidence, rng
-        )
+        (ta, why_a), (tb, why_b) = _valid_trials(a, key), _valid_trials(b, key)
+        for name, got, why in (("A", ta, why_a), ("B", tb, why_b)):
+            if len(got) < validity.MIN_TRIALS:
+                result.incomparable.append(
+                    f"{key[0]}/{key[1]}: run {name} has {validity.too_few(len(got))}"
+                    + (f" ({why})" if why else "")
+                )
+        if ta and tb:
+            result.rows += _compare_pair(key, ta, tb, threshold, confidence)
     return result
 
 
@@ -414,7 +391,7 @@ def format_table(rows: list[Row], confidence: float = 0.95) -> str:
     return text_table(lines)
 
 
-def _preamble(result: Comparison, n_boot: int, threshold: float) -> str:
+def _preamble(result: Comparison, threshold: float) -> str:
     where = f"A = {result.a}  B = {result.b}"
     if result.sweep is not None:
         return (
@@ -423,17 +400,18 @@ def _preamble(result: Comparison, n_boot: int, threshold: float) -> str:
             f"by more than {threshold:.0%})"
         )
     return (
-        f"{where}  ({n_boot} bootstrap resamples of requests, regression: "
-        f"CI of B-A excludes 0 on the worse side and the change exceeds {threshold:.0%} and "
-        f"the noise floor: {LATENCY_FLOOR_MS:g} ms latency, {ITL_FLOOR_MS:g} ms ITL)"
+        f"{where}  (means over each run's valid trials, at least {validity.MIN_TRIALS}; "
+        f"regression: the Welch interval of B-A over trials lies wholly beyond {threshold:.0%} "
+        f"of A and the noise floor ({LATENCY_FLOOR_MS:g} ms latency, {ITL_FLOOR_MS:g} ms ITL) "
+        "on the worse side)"
     )
 
 
-def _print(result: Comparison, n_boot: int, threshold: float, confidence: float) -> None:
+def _print(result: Comparison, threshold: float, confidence: float) -> None:
     if result.mismatch:
         print(f"incomparable: {result.mismatch}")
         return
-    print(_preamble(result, n_boot, threshold))
+    print(_preamble(result, threshold))
     for problem in result.incomparable:
         print(f"{'warning' if result.forced else 'incomparable'}: {problem}")
     if result.incomparable and not result.forced:
@@ -462,32 +440,27 @@ def _print(result: Comparison, n_boot: int, threshold: float, confidence: float)
 def main(
     a_dir: str | Path,
     b_dir: str | Path,
-    n_boot: int = 1000,
     threshold: float = 0.10,
     confidence: float = 0.95,
     force: bool = False,
     json_path: Path | None = None,
 ) -> int:
     """Print the comparison (and write ``json_path``); returns the Verdict as exit status."""
-    check_settings(n_boot, threshold, confidence)
+    check_settings(threshold, confidence)
     a, b = load_run(a_dir), load_run(b_dir)
-    result = compare_runs(
-        a, b, n_boot=n_boot, threshold=threshold, confidence=confidence, force=force
-    )
-    _print(result, n_boot, threshold, confidence)
+    result = compare_runs(a, b, threshold=threshold, confidence=confidence, force=force)
+    _print(result, threshold, confidence)
     if json_path is not None:
         json_path.write_bytes(orjson.dumps(schema.to_data(result), option=orjson.OPT_INDENT_2))
     return int(result.verdict)
 
 
-def check_settings(n_boot: int, threshold: float, confidence: float) -> None:
+def check_settings(threshold: float, confidence: float) -> None:
     """UsageError for settings that cannot give an interval (``--confidence 95`` means 0.95)."""
     if not 0.0 < confidence < 1.0:
         raise UsageError(
             f"--confidence must lie strictly between 0 and 1 (e.g. 0.95), got {confidence:g}"
         )
-    if n_boot < 1:
-        raise UsageError(f"--bootstrap must be at least 1 resample, got {n_boot}")
     if threshold < 0:
         raise UsageError(f"--threshold must be 0 or more, got {threshold:g}")
 
@@ -497,9 +470,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", help="baseline results directory (results/<run-id>)")
     parser.add_argument("b", help="candidate results directory")
     parser.add_argument(
-        "--bootstrap", type=int, default=1000, help="bootstrap resamples (plain runs)"
-    )
-    parser.add_argument(
         "--threshold", type=float, default=0.10, help="relative change that counts as a regression"
     )
     parser.add_argument(
@@ -508,7 +478,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="compare runs whose scale/engine/seed/loader/SLOs differ",
+        help="compare runs whose scale/engine/seed/loader/SLOs or host speeds differ, or with "
+        "fewer valid trials than a verdict needs",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the verdict here")
 
@@ -517,7 +488,6 @@ def run_command(args: argparse.Namespace) -> int:
     return main(
         args.a,
         args.b,
-        n_boot=args.bootstrap,
         threshold=args.threshold,
         confidence=args.confidence,
         force=args.force,

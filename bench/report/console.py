@@ -13,8 +13,9 @@ from harness.tables import Align, Column, fmt, text_table
 SUMMARY_COLUMNS = (
     Column("stack", align=Align.LEFT, width=10),
     Column("profile", align=Align.LEFT, width=20),
-    *(Column(h, width=w) for h, w in (("done", 6), ("err", 5), ("lost", 5), ("TTFT p50", 9),
-      ("E2EL p50", 9), ("E2EL p99", 9), ("E2EL std", 9), ("req/s", 7), ("good/s", 7),
+    *(Column(h, width=w) for h, w in (("trial", 5), ("done", 6), ("err", 5), ("lost", 5),
+      ("TTFT p50", 9), ("E2EL p50", 9), ("E2EL p99", 9), ("E2EL std", 9), ("req/s", 7),
+      ("good/s", 7),
       ("host%", 5))),
     Column("valid", align=Align.LEFT),
 )  # fmt: skip
@@ -22,7 +23,7 @@ SUMMARY_COLUMNS = (
 
 def _host_note(rows: Sequence[SummaryRow]) -> list[str]:
     """The warning under a table where the host's cores were all near full in some phase."""
-    busy = [f"{r.stack}/{r.profile}" for r in rows if r.host_saturated]
+    busy = list(dict.fromkeys(f"{r.stack}/{r.profile}" for r in rows if r.host_saturated))
     if not busy:
         return []
     return [
@@ -37,7 +38,8 @@ def summary_table(rows: Sequence[SummaryRow]) -> str:
         ttft = fmt(r.stat("median_ttft_ms")) + ("*" if r.ttft_is_first_byte else "")
         stats = [fmt(r.stat(k)) for k in ("median_e2el_ms", "p99_e2el_ms", "std_e2el_ms")]
         body.append([
-            r.stack, r.profile, str(r.completed), str(r.errors), str(r.lost), ttft, *stats,
+            r.stack, r.profile, str(r.repeat), str(r.completed), str(r.errors), str(r.lost),
+            ttft, *stats,
             f"{r.request_throughput:.2f}", f"{r.request_goodput:.2f}",
             fmt(r.host_cpu_pct, ".0f"), "yes" if r.valid else "NO: " + "; ".join(r.invalid_reasons),
         ])  # fmt: skip

@@ -18,7 +18,7 @@ from harness import metrics, schema
 from harness.errors import UsageError
 
 RECOVERY_TABLE = "recovery.json"
-_REQUESTS_RE = re.compile(r"^requests-(?P<stack>.+)-(?P<profile>[^-]+)\.jsonl$")
+_REQUESTS_RE = re.compile(r"^requests-(?P<stack>.+)-(?P<profile>[^-.]+)(\.r\d+)?\.jsonl$")
 
 
 @dataclass(frozen=True, slots=True)

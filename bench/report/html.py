@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.report import claims, plots
 from bench.report.data import RunData, load_run, read_recovery
+from bench.report.parity import parity_section
 from harness import curves, metrics, schema
 from harness.curves import Interval
 from harness.schema import SummaryRow, SweepSection
@@ -50,8 +51,9 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f0f0f0}td.l,th.l{text-align:left}
 .banner{background:#fde2e1;border:2px solid #c0392b;padding:1em;font-weight:bold}
 .held{background:#e3f6e3}.not-held{background:#fde2e1}.not-measured{background:#f3f3f3}
-.inconclusive{background:#fff4d6}.invalid-inputs{background:#f3f3f3}
+.undecided{background:#fff4d6}
 .invalid{background:#fff3cd}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
+.mismatch{background:#fde2e1;color:#c0392b;font-weight:bold}
 """
 
 
@@ -113,6 +115,7 @@ def _summary_section(run: RunData) -> str:
             [
                 escape(entry.stack),
                 escape(entry.profile),
+                str(entry.repeat),
                 escape(entry.loader),
                 *_summary_cells(entry),
                 _saturated_cell(entry),
@@ -121,18 +124,19 @@ def _summary_section(run: RunData) -> str:
             ]
         )
         for reason in entry.invalid_reasons:
-            where = f"{escape(entry.stack)} / {escape(entry.profile)}"
+            where = f"{escape(entry.stack)} / {escape(entry.profile)} trial {entry.repeat}"
             notes.append(f"<li>{where}: {escape(reason)}</li>")
     headers = [
         "stack",
         "profile",
+        "trial",
         "loader",
         *(h for _, h, _ in SUMMARY_COLUMNS),
         "saturated",
         "on the wire",
         "validity",
     ]
-    out = "<h2>Summary</h2>" + _table(headers, rows, left=3)
+    out = "<h2>Summary</h2>" + _table(headers, rows, left=4)
     if notes:
         out += (
             "<div class='invalid'><b>Validity flags</b>: these figures are not the server's "
@@ -280,21 +284,29 @@ def _validity_section(run: RunData) -> str:
 
 
 def _claims_section(run: RunData) -> str:
+    """The claims table, from the verdicts it also writes to ``claims.json``."""
+    results = claims.evaluate(run)
+    if run.path.is_dir():
+        claims.write(run.path, results)
     rows = []
-    for result in claims.evaluate(run):
+    for result in results:
         css = result.status.css
+        verdict = f"<span class='{css}'><b>{escape(result.status)}</b></span>"
+        if result.reason:
+            verdict += f"<br>{escape(result.reason)}"
         rows.append(
             [
                 escape(result.claim),
                 escape(result.claimed),
                 escape(result.measured),
-                f"<span class='{css}'><b>{escape(result.status)}</b></span>",
+                verdict,
                 escape(result.rule),
             ]
         )
     return (
         "<h2>Seed-study claims</h2><p>Each claim from docs/design.md against this run's "
-        "measurements; the rule column says how the verdict was reached.</p>"
+        "measurements; the rule column says how the verdict was reached, the verdict column why "
+        "a claim is undecided.</p>"
         + _table(["claim", "claimed", "measured", "verdict", "rule"], rows, left=5)
     )
 
@@ -525,6 +537,7 @@ def render(run_dir: str | Path) -> Path:
     parts.append(_table(["", ""], [[k, escape(str(v))] for k, v in head], left=2))
     parts += [
         _validity_section(run),
+        parity_section(run.meta.parity),
         _points_section(sweep) if sweep is not None else "",
         _summary_section(run),
         _turns_section(run),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from baselines.rayserve.config import BaselineRouter
 from harness.capacity import Capacity, preflight
@@ -33,6 +33,9 @@ from harness.stacks import (
 )
 from serving.engine.kinds import engine_kind
 from serving.engine.tokenrules import BYTES_RULE, TokenRule
+
+# Verdicts need at least harness.validity.MIN_TRIALS paired trials: a plain run gives them.
+DEFAULT_REPEATS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,13 @@ class RunConfig:
     quiet: bool = False
     auth: bool = False
     workload: WorkloadChoice | None = None  # --workload: every profile's source replaced
+    allow_mismatch: bool = False  # --allow-mismatch: stacks' engine settings may differ
+    repeats: int | None = None  # --repeats; None: DEFAULT_REPEATS (a sweep: the profile's)
+
+    @property
+    def trials(self) -> int:
+        """Trials per stack and profile of a plain run."""
+        return self.repeats if self.repeats is not None else DEFAULT_REPEATS
 
     def spec(self, name: StackName, credentials: Credentials | None = None) -> StackSpec:
         """The stack to stand up for ``name``: external when URLs were given for it; with

@@ -13,9 +13,7 @@ from harness.metrics import goodput
 from harness.profile import Profile, WorkloadSource
 from harness.promptfit import context_length, fit_classes
 from harness.runner.config import RunConfig
-from harness.runner.console import row_outcome, say, turns_outcome
 from harness.runner.priority import loader_priority
-from harness.runner.results import RunDir
 from harness.runner.sampling import Telemetry, phase
 from harness.schema import SummaryRow
 from harness.stacks import Stack
@@ -89,29 +87,4 @@ def measure(load: LoadPhase, stack: Stack, config: RunConfig, tele: Telemetry) -
             result = chosen.run(schedule, stack, profile, load.records, load.workdir)
         row = summary_row(result, profile, nominal_rate(profile, schedule), host[0])
     row.prefix_cache = tele.prefix_cache(stack, load.name, before, row.completed)
-    return row
-
-
-def run_load_profile(
-    profile: Profile, stack: Stack, config: RunConfig, run: RunDir, tele: Telemetry
-) -> SummaryRow:
-    """One non-fault profile on one stack through the configured loader, its row saved."""
-    schedule = schedule_for(profile, run.rule, config.engine_options)
-    say(
-        f"{stack.name} / {profile.name}: {len(schedule)} requests, "
-        f"{nominal_rate(profile, schedule):.3g} req/s for {profile.duration_s:g} s "
-        f"({profile.workload.source.value} workload, {config.loader} loader)"
-    )
-    load = LoadPhase(
-        name=f"{stack.name}/{profile.name}",
-        profile=profile,
-        schedule=schedule,
-        records=run.path / schema.requests_file(stack.name, profile.name),
-        workdir=run.path / "loader" / f"{stack.name}-{profile.name}",
-    )
-    row = measure(load, stack, config, tele)
-    run.add_summary(row)
-    say(f"{stack.name} / {profile.name}: {row_outcome(row)}")
-    if turns := turns_outcome(row):
-        say(f"{stack.name} / {profile.name}: {turns}")
     return row

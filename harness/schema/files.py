@@ -28,9 +28,11 @@ CHAOS_DIR: Final = "chaos"
 SWEEP_DIR: Final = "sweep"
 
 
-def requests_file(stack: str, profile: str) -> str:
-    """Per-request JSONL for one stack and profile."""
-    return f"requests-{stack}-{profile}.jsonl"
+def requests_file(stack: str, profile: str, repeat: int = 0) -> str:
+    """Per-request JSONL for one stack and profile: its first trial's, or repeat ``repeat``'s
+    (``requests-<stack>-<profile>.r<repeat>.jsonl``)."""
+    trial = f".r{repeat}" if repeat else ""
+    return f"requests-{stack}-{profile}{trial}.jsonl"
 
 
 def point_file(stack: str, profile: str, rate: float, repeat: int) -> str:

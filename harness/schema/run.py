@@ -22,6 +22,7 @@ from harness.schema.files import (
     write_json_atomic,
 )
 from harness.schema.records import Validity
+from serving.engine.settings import EngineSettings
 
 
 class RunEnd(StrEnum):
@@ -65,6 +66,42 @@ class TelemetryInfo:
     read_errors: int = 0
 
 
+class ParityVerdict(StrEnum):
+    """What the check of the stacks' engine settings found (``harness.parity``)."""
+
+    UNCHECKED = "unchecked"  # no setting known on two or more stacks (so far)
+    MATCHED = "matched"  # every setting known on two or more stacks has one value
+    ALLOWED = "mismatch allowed"  # settings differ; --allow-mismatch ran the run anyway
+    STOPPED = "mismatch stopped the run"
+
+
+@dataclass(slots=True)
+class SettingsMismatch:
+    """One engine setting with more than one value across the stacks: each stack's value (by
+    ``stack/replica`` where the replicas of one stack disagree)."""
+
+    setting: str
+    values: dict[str, bool | int | float | str]
+
+    def text(self) -> str:
+        """``max_num_seqs: zerolayer 8, baseline 256``."""
+        return f"{self.setting}: " + ", ".join(f"{k} {v}" for k, v in self.values.items())
+
+
+@dataclass(slots=True)
+class Parity:
+    """run.json's ``parity``: each stack's engine settings as its engines reported them (stack
+    -> replica -> settings), the settings compared (known on two or more stacks), what differed,
+    why a stack's could not be read, and the verdict."""
+
+    verdict: ParityVerdict = ParityVerdict.UNCHECKED
+    allow_mismatch: bool = False
+    settings: dict[str, dict[str, EngineSettings]] = field(default_factory=dict)
+    compared: list[str] = field(default_factory=list)
+    mismatches: list[SettingsMismatch] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class RunMeta:
     """run.json: what a run was asked to do, on what, and how it ended.
@@ -94,6 +131,7 @@ class RunMeta:
     validity: dict[str, Validity] = field(default_factory=dict)
     telemetry: TelemetryInfo = field(default_factory=TelemetryInfo)
     loader_nice: int | None = None
+    parity: Parity = field(default_factory=Parity)
     other: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -39,8 +39,10 @@ class SummaryRow:
     point's); ``saturated`` says the load was past what the stack serves
     (``harness.metrics.saturation``); ``host_cpu_pct`` is the whole host's CPU use over the
     phase (all cores), and ``host_saturated`` marks a phase in which the stacks and the loader
-    fought for CPU. ``records_file`` names a sweep point's per-request file, relative to the
-    run directory.
+    fought for CPU (all cores, or one, at the bound); ``host_speed`` is one core's speed probed
+    just before the trial (``harness.telemetry.cpu_speed``; None where it was not probed).
+    ``repeat`` numbers the trial of a plain run's profile or of a sweep's rate, and
+    ``records_file`` names its per-request file, relative to the run directory.
 
     The workload's shape, computed by ``harness.metrics``: ``input_lens`` and ``output_lens``,
     ``by_turn`` (one per turn number; empty without turns) and ``prefix_cache`` (from the
@@ -76,6 +78,7 @@ class SummaryRow:
     host_cpu_pct: float | None = None
     host_busiest_cpu_pct: float | None = None
     host_saturated: bool = False
+    host_speed: float | None = None
     repeat: int = 0
     point: int | None = None
     records_file: str = ""

@@ -11,6 +11,7 @@ from harness.stacks.clients import check_reachable
 from harness.stacks.spec import StackSpec, StackUnreachable
 from harness.stacks.stack import Stack, StackKind
 from harness.telemetry import EngineTarget
+from serving.engine.settings import EngineSettings
 
 
 class ExternalKind(StackKind):
@@ -50,3 +51,7 @@ class ExternalKind(StackKind):
     def engine_targets(self, stack: Stack) -> list[EngineTarget]:
         """What ``base`` reads over the URLs (zero-layer and vllm-serve ``/metrics``)."""
         return self.base.engine_targets(stack)
+
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """What ``base`` reads over the URLs (zero-layer and vllm-serve ``/metrics``)."""
+        return self.base.engine_settings(stack)

@@ -9,7 +9,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final, cast
 
 from baselines.rayserve.config import BaselineRouter, orchestrator_router, parse_router
 from baselines.rayserve_llm.standup import READY_PATH as LLM_READY_PATH
@@ -17,7 +17,12 @@ from harness.stacks.clients import openai_server_body
 from harness.stacks.spec import StackName, StackSpec, auth_label
 from harness.stacks.stack import ALL_FAULTS, Restore, Stack, StackKind
 from harness.telemetry import EngineTarget
+from harness.telemetry.engine import read_stats_file_settings
 from serving.engine.kinds import engine_kind
+from serving.engine.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from baselines.rayserve_llm.standup import LlmBaselineHandle
 
 STATS_DIR: Final = "engine-stats"
 STATS_WAIT_S: Final = 10.0
@@ -117,6 +122,16 @@ class RayServeKind(StackKind):
             for i, path in enumerate(_stats_files(stack.stats_dir, stack.spec.replicas))
         ]
 
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """The settings each engine replica published with its stats (none for a baseline
+        running elsewhere: its stats files are not here)."""
+        if stack.stats_dir is None:
+            return {}
+        return {
+            f"serve-{i}": read_stats_file_settings(path)
+            for i, path in enumerate(_stats_files(stack.stats_dir, stack.spec.replicas))
+        }
+
     def cluster_pids(self) -> dict[str, list[int]] | None:
         if not _ray_attached():
             return None
@@ -171,6 +186,18 @@ class RayServeLlmKind(RayServeKind):
             model=handle.config.model_id,
             extra_body=openai_server_body(options),
         )
+
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """Ray Serve LLM's applied engine arguments, as its LLMServer holds them (one LLMConfig
+        builds every replica), with the temperature every request body carries; a setting the
+        arguments leave to vLLM's defaults is not known."""
+        from serving.engine.vllm_engine import engine_args_settings
+
+        if stack.baseline is None:
+            return {}
+        handle = cast("LlmBaselineHandle", stack.baseline)
+        kwargs = handle.applied_engine_kwargs()
+        return {"llm-server": engine_args_settings(kwargs, stack.extra_body.get("temperature"))}
 
     def actor_pids(self) -> dict[str, list[int]]:
         from baselines.rayserve_llm.standup import llm_actor_pids

@@ -18,6 +18,7 @@ from harness.stacks.clients import Http1Router, client_for
 from harness.stacks.processes import stop_pids
 from harness.stacks.spec import StackName, StackSpec
 from harness.telemetry import Component, EngineTarget
+from serving.engine.settings import EngineSettings
 
 if TYPE_CHECKING:
     from baselines.rayserve.standup import ServeHandle
@@ -85,6 +86,12 @@ class StackKind(ABC):
     @abstractmethod
     def engine_targets(self, stack: Stack) -> list[EngineTarget]:
         """Telemetry sources for the engines of ``stack``."""
+
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """Each engine replica's effective settings as its engine reports them, by replica name
+        (named as its telemetry target is); empty where this kind has no way to read them."""
+        del stack
+        return {}
 
     def cluster_pids(self) -> dict[str, list[int]] | None:
         """Process ids by chaos role asked of the cluster the stack runs on, when this process
@@ -160,6 +167,10 @@ class Stack:
     def engine_targets(self) -> list[EngineTarget]:
         """Telemetry sources for the stack's engines (see each kind)."""
         return self.kind.engine_targets(self)
+
+    def engine_settings(self) -> dict[str, EngineSettings]:
+        """Each engine replica's effective settings, as the engines report them (see each kind)."""
+        return self.kind.engine_settings(self)
 
     def open_client(self, **options: Any) -> ZeroLayerClient | Http1Client | Http1Router:
         """The SDK client for this stack (options go to the client's constructor, which by

@@ -4,15 +4,20 @@ only; no faults are defined for it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import orjson
 
 from harness.stacks.clients import openai_server_body
 from harness.stacks.processes import VllmServer
 from harness.stacks.spec import StackName, StackSpec, auth_label
 from harness.stacks.stack import Stack, StackKind
-from harness.stacks.zerolayer import engine_metrics
+from harness.stacks.zerolayer import engine_metrics, metrics_settings
 from harness.telemetry import EngineTarget
+from harness.telemetry.engine import http_get
 from serving.engine.kinds import engine_kind
+from serving.engine.settings import EngineSettings
 
 
 class VllmServeKind(StackKind):
@@ -75,3 +80,23 @@ class VllmServeKind(StackKind):
     def engine_targets(self, stack: Stack) -> list[EngineTarget]:
         """Each vLLM server's own ``/metrics``."""
         return engine_metrics("vllm", stack)
+
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """What vLLM's own server reports of its engine: its cache config on ``/metrics``
+        (block size, KV blocks, prefix caching), ``max_model_len`` on ``/v1/models``, and the
+        temperature every request body carries. vLLM's server publishes no scheduler or model
+        dtype settings (outside its development mode), so those are not compared for it."""
+        temperature = stack.extra_body.get("temperature")
+        found = metrics_settings("vllm", stack)
+        for (name, settings), url in zip(found.items(), stack.urls, strict=True):
+            found[name] = dataclasses.replace(
+                settings, max_model_len=_served_model_len(url), temperature=temperature
+            )
+        return found
+
+
+def _served_model_len(url: str) -> int | None:
+    """``max_model_len`` of the model vLLM's server lists on ``/v1/models`` (None: not listed)."""
+    models = orjson.loads(http_get(f"{url}/v1/models", 5.0)).get("data") or [{}]
+    value = models[0].get("max_model_len")
+    return None if value is None else int(value)

@@ -19,7 +19,9 @@ from harness.stacks.spec import StackName, StackSpec, auth_label
 from harness.stacks.stack import ALL_FAULTS, Restore, Stack, StackKind
 from harness.stacks.tls import serving_certificate
 from harness.telemetry import EngineTarget
+from harness.telemetry.engine import read_metrics_settings
 from serving.engine.kinds import engine_kind
+from serving.engine.settings import EngineSettings
 
 
 def engine_metrics(prefix: str, stack: Stack) -> list[EngineTarget]:
@@ -28,6 +30,14 @@ def engine_metrics(prefix: str, stack: Stack) -> list[EngineTarget]:
         EngineTarget.metrics(f"{prefix}-{i}", stack.name, f"{url}/metrics", tls_ca=stack.tls_ca)
         for i, url in enumerate(stack.urls)
     ]
+
+
+def metrics_settings(prefix: str, stack: Stack) -> dict[str, EngineSettings]:
+    """The settings each replica's own ``/metrics`` publishes, by the replica's target name."""
+    return {
+        f"{prefix}-{i}": read_metrics_settings(f"{url}/metrics", tls_ca=stack.tls_ca)
+        for i, url in enumerate(stack.urls)
+    }
 
 
 class ZeroLayerKind(StackKind):
@@ -98,6 +108,10 @@ class ZeroLayerKind(StackKind):
     def engine_targets(self, stack: Stack) -> list[EngineTarget]:
         """Each replica's ``/metrics``."""
         return engine_metrics("zl", stack)
+
+    def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
+        """Each replica's engine settings, from the info gauge on its ``/metrics``."""
+        return metrics_settings("zl", stack)
 
     def restart(self, command: Sequence[str], log_path: str | Path) -> int:
         return spawn_replica(command, log_path).pid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 from harness.schema import read_jsonl
 from harness.telemetry.sampler import Availability
+from serving.engine.settings import SETTINGS_INFO, EngineSettings, settings_from_labels
 from serving.engine.types import Engine, EngineStats
 
 # Prometheus names a replica exports -> row keys. vLLM's names first (kv_cache_usage_perc is a
@@ -41,6 +43,15 @@ PROMETHEUS_KEYS: dict[str, str] = {
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
 }
+# Info gauges (1, with what they say in their labels) that carry an engine's effective settings:
+# the zero-layer replica's own, and vLLM's cache config (its label names -> the settings').
+VLLM_CACHE_INFO = "vllm:cache_config_info"
+VLLM_CACHE_LABELS: dict[str, str] = {
+    "block_size": "block_size",
+    "num_gpu_blocks": "kv_blocks",
+    "enable_prefix_caching": "prefix_caching",
+}
+SETTINGS_KEY = "settings"
 HEALTH_KEYS: dict[str, str] = {
     "kv_usage": "kv_usage",
     "kv_waste": "kv_waste",
@@ -76,6 +87,53 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         out[name.strip()] = out.get(name.strip(), 0.0) + value
     return out
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m.group(1), m.group(1)), value)
+
+
+def parse_info(text: str, metric: str) -> list[dict[str, str]]:
+    """The label sets of info gauge ``metric`` in Prometheus text, one per series."""
+    found = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(metric + "{"):
+            labels = line[len(metric) + 1 :].rpartition("}")[0]
+            found.append({k: _unescape(v) for k, v in _LABEL.findall(labels)})
+    return found
+
+
+def metrics_settings(text: str) -> EngineSettings:
+    """The effective settings a ``/metrics`` page publishes: the zero-layer replica's info
+    gauge, else vLLM's cache config (block size, KV blocks, prefix caching); nothing known
+    where the page has neither."""
+    ours = parse_info(text, SETTINGS_INFO)
+    if ours:
+        return settings_from_labels(ours[0])
+    vllm = parse_info(text, VLLM_CACHE_INFO)
+    if not vllm:
+        return EngineSettings()
+    return settings_from_labels(
+        {VLLM_CACHE_LABELS[k]: v for k, v in vllm[0].items() if k in VLLM_CACHE_LABELS}
+    )
+
+
+def read_metrics_settings(
+    url: str, timeout_s: float = 5.0, tls_ca: Path | None = None
+) -> EngineSettings:
+    """:func:`metrics_settings` of the ``/metrics`` page at ``url``."""
+    return metrics_settings(http_get(url, timeout_s, tls_ca).decode())
+
+
+def read_stats_file_settings(path: str | Path) -> EngineSettings:
+    """The settings an engine replica published with its newest stats snapshot (nothing known
+    where it published none)."""
+    return EngineSettings(**_last_json_line(Path(path)).get(SETTINGS_KEY, {}))
 
 
 def stats_row(stats: EngineStats) -> dict[str, Any]:
@@ -136,7 +194,7 @@ def _last_json_line(path: Path, tail_bytes: int = 8192) -> dict[str, Any]:
     raise ValueError(f"no stats snapshot in {path} yet")
 
 
-def _http_get(url: str, timeout_s: float, tls_ca: Path | None = None) -> bytes:
+def http_get(url: str, timeout_s: float, tls_ca: Path | None = None) -> bytes:
     """GET over HTTP/1.1; over TLS it trusts ``tls_ca`` (a stack's own certificate) if given."""
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
@@ -182,7 +240,7 @@ class EngineTarget:
         """Scrape a Prometheus ``/metrics`` URL (over TLS trusting ``tls_ca`` when given)."""
 
         def read() -> dict[str, Any]:
-            values = parse_prometheus(_http_get(url, timeout_s, tls_ca).decode())
+            values = parse_prometheus(http_get(url, timeout_s, tls_ca).decode())
             return {key: values[prom] for prom, key in PROMETHEUS_KEYS.items() if prom in values}
 
         return cls(name, stack, read, url)
@@ -195,6 +253,7 @@ class EngineTarget:
 
         def read() -> dict[str, Any]:
             data = _last_json_line(path)
+            data.pop(SETTINGS_KEY, None)
             t_ns = data.pop("t_ns")
             return {**stats_row(EngineStats(**data)), SNAPSHOT_NS: t_ns}
 
@@ -205,7 +264,7 @@ class EngineTarget:
         """Read a JSON ``/health`` URL (fewer figures than /metrics, but every replica has it)."""
 
         def read() -> dict[str, Any]:
-            body = json.loads(_http_get(url, timeout_s))
+            body = json.loads(http_get(url, timeout_s))
             return {key: body[name] for name, key in HEALTH_KEYS.items() if name in body}
 
         return cls(name, stack, read, url)

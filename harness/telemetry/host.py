@@ -41,8 +41,9 @@ class HostCpu:
 
     @property
     def saturated(self) -> bool:
-        """Every core near full: the mean over all of them at or above ``SATURATED_PCT``."""
-        return self.cpu_pct >= SATURATED_PCT
+        """The cores near full: their mean, or any single one, at or above ``SATURATED_PCT`` (one
+        pegged core of two is a process that could not get more CPU)."""
+        return max(self.cpu_pct, self.busiest_cpu_pct) >= SATURATED_PCT
 
     def row_fields(self) -> dict[str, Any]:
         """The summary row's host fields."""

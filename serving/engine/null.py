@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from serving.engine.settings import EngineSettings
 from serving.engine.streams import detokenize, token_ids, uniform_logprobs
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
@@ -34,6 +35,10 @@ class NullEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(kv_blocks_total=1, max_num_seqs=1 << 30)
+
+    def settings(self) -> EngineSettings:
+        """None: no batch, no KV cache, no sampling, nothing to compare."""
+        return EngineSettings()
 
     async def close(self) -> None:
         self._closed = True

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from serving.engine.kv import KVBlockManager, PrefixCachingKVBlockManager
+from serving.engine.settings import EngineSettings
 from serving.engine.stepmodel import ModelledEngine, StepTimeModel, load_profile, model_shape
 from serving.engine.streams import detokenize, token_array, uniform_logprobs
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
@@ -140,6 +141,20 @@ class SimEngine:
 
     def stats(self) -> EngineStats:
         return self.batcher.stats()
+
+    def settings(self) -> EngineSettings:
+        """What this engine runs with: its config, the KV blocks it sized, and chunked prefill
+        (the batcher always chunks, as vLLM V1 does); no dtype or sampling of its own."""
+        config = self.config
+        return EngineSettings(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            block_size=self.kv.block_size,
+            kv_blocks=self.kv.num_blocks,
+            prefix_caching=isinstance(self.kv, PrefixCachingKVBlockManager),
+            chunked_prefill=True,
+        )
 
     def drift(self) -> float:
         """Cumulative timing error: (actual busy time - modelled busy time) / modelled."""

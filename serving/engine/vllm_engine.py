@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from serving.engine.settings import EngineSettings, dtype_name
 from serving.engine.streams import VOCAB_SIZE, detokenize
 from serving.engine.torch_engine.prompt import prompt_token_ids
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
@@ -114,6 +115,52 @@ def server_flags(options: dict[str, Any], on_cpu: bool | None = None) -> list[st
         else:
             flags += [f"--{flag}", str(value)]
     return flags
+
+
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def config_settings(vllm_config: Any, temperature: float | None) -> EngineSettings:
+    """The settings a running vLLM settled on, from its ``VllmConfig`` (scheduler, model and
+    cache configs, after vLLM's and the platform's defaults), with the sampling temperature the
+    stack applies."""
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    cache = getattr(vllm_config, "cache_config", None)
+    dtype = getattr(model, "dtype", None)
+    return EngineSettings(
+        max_num_seqs=_number(getattr(scheduler, "max_num_seqs", None)),
+        max_num_batched_tokens=_number(getattr(scheduler, "max_num_batched_tokens", None)),
+        max_model_len=_number(getattr(model, "max_model_len", None)),
+        block_size=_number(getattr(cache, "block_size", None)),
+        kv_blocks=_number(getattr(cache, "num_gpu_blocks", None)),
+        prefix_caching=_flag(getattr(cache, "enable_prefix_caching", None)),
+        chunked_prefill=_flag(getattr(scheduler, "enable_chunked_prefill", None)),
+        dtype=None if dtype is None else dtype_name(dtype),
+        temperature=temperature,
+    )
+
+
+def engine_args_settings(args: dict[str, Any], temperature: float | None) -> EngineSettings:
+    """The settings vLLM engine arguments name (``AsyncEngineArgs`` keywords, as Ray Serve LLM
+    applies them); one they leave to vLLM's defaults is unknown (None)."""
+    dtype = args.get("dtype")
+    return EngineSettings(
+        max_num_seqs=_number(args.get("max_num_seqs")),
+        max_num_batched_tokens=_number(args.get("max_num_batched_tokens")),
+        max_model_len=_number(args.get("max_model_len")),
+        block_size=_number(args.get("block_size")),
+        kv_blocks=_number(args.get("num_gpu_blocks_override")),
+        prefix_caching=_flag(args.get("enable_prefix_caching")),
+        chunked_prefill=_flag(args.get("enable_chunked_prefill")),
+        dtype=None if dtype in (None, "auto") else dtype_name(dtype),
+        temperature=temperature,
+    )
 
 
 class LoadSignal:
@@ -478,6 +525,10 @@ class VllmEngine:
             prefix_cache_queries=signal.prefix_cache_queries,
             prefix_cache_hits=signal.prefix_cache_hits,
         )
+
+    def settings(self) -> EngineSettings:
+        """What vLLM settled on (its own config), with the temperature requests default to."""
+        return config_settings(getattr(self.llm, "vllm_config", None), self.config.temperature)
 
     async def close(self) -> None:
         """Fail what is still streaming with ``engine_down``, then shut vLLM down."""

@@ -162,6 +162,13 @@ def test_metadata_records_the_router_and_settings(baseline: object) -> None:
     assert pids["engine_core"], "vLLM's engine core runs as a child of the replica"
 
 
+def test_engine_settings_are_the_applied_engine_arguments(stack: Stack) -> None:
+    """As the LLMServer replica holds them: what the bench asked for, the CPU defaults beside."""
+    (settings,) = stack.engine_settings().values()
+    assert (settings.max_num_seqs, settings.max_num_batched_tokens) == (8, 8192)
+    assert (settings.max_model_len, settings.dtype, settings.temperature) == (512, "float32", 0.0)
+
+
 def test_close_leaves_no_process(baseline: object) -> None:
     from baselines.rayserve_llm import LlmBaselineHandle
 

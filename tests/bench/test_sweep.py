@@ -138,12 +138,15 @@ def test_a_smoke_sweep_runs_every_rate_and_repeat_on_both_stacks(tmp_path: Path)
             "knee",
             "highest_within_slos",
         }
-    # same seeded schedule on both stacks at each rate and repeat
+    # same seeded schedule on both stacks at each rate and repeat (records are written in the
+    # order requests end, so the sets are compared), the stacks in a balanced order
     zl, base = section.stack_points("zerolayer"), section.stack_points("baseline")
     for a, b in zip(zl, base, strict=False):
-        ids_a = [r.request_id for r in schema.read_requests(run / a.records_file)]
-        ids_b = [r.request_id for r in schema.read_requests(run / b.records_file)]
-        assert ids_a == ids_b
+        ids_a = sorted(r.request_id for r in schema.read_requests(run / a.records_file))
+        ids_b = sorted(r.request_id for r in schema.read_requests(run / b.records_file))
+        assert (a.offered_rate, a.repeat) == (b.offered_rate, b.repeat) and ids_a == ids_b
+    order = [p.stack for p in section.points]
+    assert order[:4] == ["zerolayer", "baseline", "baseline", "zerolayer"], order
     assert "max goodput" in proc.stdout and (run / schema.REPORT).exists()
 
 

@@ -259,6 +259,9 @@ def test_results_written_before_the_typed_schema_read_unchanged() -> None:
     records = schema.read_requests(FIXTURE / schema.requests_file("zerolayer", "a_latency"))
     assert len(records) == 8 and all(r.outcome == "completed" for r in records)
     old_row = orjson.loads((FIXTURE / schema.SUMMARY).read_bytes())["rows"][0]
-    assert schema.to_data(row) == old_row, "version 3 writes a version-2 row's keys unchanged"
+    # version 3 writes a version-2 row's keys unchanged, plus the fields added since (None)
+    assert schema.to_data(row) == old_row | {"host_speed": None}
     old_meta = orjson.loads((FIXTURE / schema.RUN_META).read_bytes())
-    assert schema.to_data(meta) == old_meta | {"schema_version": schema.SCHEMA_VERSION}
+    # ... and run.json's, plus the parity check's record (nothing read in an older run)
+    added = {"schema_version": schema.SCHEMA_VERSION, "parity": schema.to_data(schema.Parity())}
+    assert schema.to_data(meta) == old_meta | added

@@ -358,4 +358,6 @@ def test_host_busy_share_counts_all_but_idle_and_iowait() -> None:
     before = Times(10, 0, 5, 80, 5, 0, 3)
     after = Times(40, 0, 15, 110, 15, 20, 9)  # 30 user + 10 system + 20 steal busy, 40 idle
     assert host.busy_pct(before, after) == pytest.approx(60.0)
-    assert host.HostCpu(91.0, 100.0, 2).saturated and not host.HostCpu(89.0, 100.0, 2).saturated
+    assert host.HostCpu(91.0, 100.0, 2).saturated and not host.HostCpu(89.0, 89.0, 2).saturated
+    # one pegged core of two is saturation too: the mean alone never sees it
+    assert host.HostCpu(55.0, 100.0, 2).saturated and not host.HostCpu(55.0, 60.0, 2).saturated

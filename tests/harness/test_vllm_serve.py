@@ -123,6 +123,17 @@ def test_vllm_bench_serve_completes_every_request(bench_url: str, tiny_model: Pa
     check_bench_result(vllm_bench_serve(bench_url, listed_model(bench_url), tiny_model))
 
 
+def test_engine_settings_are_what_vllms_server_reports(stack: Stack) -> None:
+    """Its cache config on /metrics, max_model_len on /v1/models, the request's temperature; the
+    scheduler's settings vLLM's server does not publish are not known."""
+    from serving.engine.settings import EngineSettings
+
+    (settings,) = stack.engine_settings().values()
+    assert settings == EngineSettings(
+        max_model_len=512, block_size=128, kv_blocks=32, prefix_caching=True, temperature=0.0
+    )
+
+
 def test_close_leaves_no_process(stack: Stack) -> None:
     server = stack.servers[0]
     group = [p.pid for p in server.group()]

@@ -15,6 +15,12 @@ from typing import Final, Protocol
 
 import orjson
 
+from serving.engine.settings import (
+    SETTINGS_INFO,
+    EngineSettings,
+    engine_settings,
+    settings_labels,
+)
 from serving.engine.types import Engine, EngineStats
 from zerolayer.accounting import Accounting
 from zerolayer.scheduler import SchedulerConfig
@@ -112,6 +118,7 @@ def metrics_text(replica: Observed) -> bytes:
         if key in stats.allocator:
             lines += [f"# TYPE {name} gauge", f"{name} {stats.allocator[key]}"]
     lines += accounting_metrics(replica.accounting)
+    lines += settings_metrics(engine_settings(replica.engine))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -167,6 +174,17 @@ def replica_metrics(replica: Observed, stats: EngineStats, queued: int) -> list[
         *_metric("zl_engine_busy_seconds_total", "counter",
                  "Time the engine spent running steps.", stats.busy_time_s),
     ]  # fmt: skip
+
+
+def settings_metrics(settings: EngineSettings) -> list[str]:
+    """The engine's effective settings as one info gauge; nothing for an engine with none."""
+    labels = settings_labels(settings)
+    if not labels:
+        return []
+    text = ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items())
+    return _metric(
+        SETTINGS_INFO, "gauge", "The engine's effective settings (in the labels).", 1, f"{{{text}}}"
+    )
 
 
 def outcome_metrics(replica: Observed) -> list[str]:

@@ -21,6 +21,7 @@ import torch
 
 from serving.engine.batching import ContinuousBatcher, Sequence, StepLoop
 from serving.engine.kv import KVBlockManager
+from serving.engine.settings import EngineSettings, dtype_name
 from serving.engine.streams import VOCAB_SIZE, detokenize
 from serving.engine.torch_engine.kv_contiguous import ContiguousKVStore
 from serving.engine.torch_engine.kv_paged import PagedKVPool
@@ -167,6 +168,21 @@ class TorchEngine:
             stats.kv_blocks_used = self.store.capacity_tokens
             stats.kv_blocks_total = self.kv.num_blocks * self.kv.block_size
         return stats
+
+    def settings(self) -> EngineSettings:
+        """What this engine runs with: its config, the KV blocks and dtype it settled on, chunked
+        prefill (the batcher always chunks); no prefix cache."""
+        config = self.config
+        return EngineSettings(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            block_size=self.kv.block_size,
+            kv_blocks=self.kv.num_blocks,
+            prefix_caching=False,
+            chunked_prefill=True,
+            dtype=dtype_name(self.dtype),
+        )
 
     async def close(self) -> None:
         self.batcher.close()

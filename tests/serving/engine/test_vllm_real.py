@@ -22,6 +22,7 @@ import pytest
 
 from harness.stacks import ReplicaProcess, descendants
 from serving.engine import EngineError, EngineRequest, make_engine
+from serving.engine.settings import EngineSettings
 from serving.engine.vllm_engine import VllmEngine
 from serving.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
 from serving.wire.tokens import count_prompt_tokens
@@ -107,6 +108,21 @@ def test_the_cpu_defaults_and_the_tokenizer_are_vllms(engine: VllmEngine) -> Non
     assert (engine.num_blocks, engine.block_size) == (8, 128)
     ids = engine.tokenizer.encode(PROMPT)
     assert engine.count_tokens(PROMPT) == len(ids) < len(PROMPT.encode()) / 2
+
+
+def test_the_engine_reports_the_settings_vllm_settled_on(engine: VllmEngine) -> None:
+    """From vLLM's own config: the CPU backend's block size and dtype, V1's chunked prefill."""
+    assert engine.settings() == EngineSettings(
+        max_num_seqs=8,
+        max_num_batched_tokens=STEP_TOKENS,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=128,
+        kv_blocks=8,
+        prefix_caching=True,
+        chunked_prefill=True,
+        dtype="float32",
+        temperature=0.0,
+    )
 
 
 def test_streams_exactly_max_tokens_one_chunk_per_step(
