@@ -224,9 +224,9 @@ def test_profiles_take_a_profile_file_of_the_users_own(tmp_path: Path) -> None:
     path.write_text(
         'extends = "a_latency"\nname = "mine"\n[scales.laptop]\nrate = 5.0\nduration_s = 4.0\n'
     )
-    names = bench_run._profiles(f"a,{path}")
+    names = bench_run.profile_list(f"a,{path}")
     assert names == ("a_latency", str(path.resolve()))
     profiles = load_profiles(RunConfig(profiles=names))
     assert [(p.name, p.rate) for p in profiles] == [("a_latency", 3.0), ("mine", 5.0)]
     with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
-        bench_run._profiles(str(tmp_path / "none.toml"))
+        bench_run.profile_list(str(tmp_path / "none.toml"))
