@@ -54,9 +54,11 @@ def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, na
 
 def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: int) -> None:
     """On the killed replica, a request that had its first token when the kill came ends in an
-    error (by design: never retried mid-stream), and the replica was serving when it was killed.
-    Whether a stream is under way at that instant is the schedule's luck, so the test checks the
-    rule for each request rather than a count."""
+    error (by design: never retried mid-stream) unless its whole answer had already left the
+    replica: the client reads the last frames a little after the signal (its loop's own delay, a
+    few ms on a loaded host), and such a stream completed there, with no retry and nothing lost.
+    The replica was serving when it was killed. Whether a stream is under way at that instant is
+    the schedule's luck, so the test checks the rule for each request rather than a count."""
     chaos_dir = out_dir / "chaos"
     journal = json.loads((chaos_dir / f"{STACK}-kill-engine-replica.journal.json").read_text())
     (killed_url,) = method_actions(journal)[0]["output"]["urls"]
@@ -64,7 +66,10 @@ def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: i
     before = [r for r in records if r.replica == killed_url and r.sent_ns < kill_ns]
     assert before, f"no request went to {killed_url} before the kill"
     under_way = [r for r in before if 0 < r.first_token_ns <= kill_ns < r.end_ns]
-    assert all(r.outcome == "error" for r in under_way), under_way
+    ended = [(r.request_id, r.outcome, r.retries, r.replica) for r in under_way]
+    assert all(r.outcome == "error" or (r.outcome == "completed" and r.retries == 0)
+               for r in under_way), ended  # fmt: skip
+    assert all(r.replica == killed_url for r in under_way), ended
 
 
 def test_sdk_routes_around_a_paused_replica(setup: Setup, out_dir: Path) -> None:
