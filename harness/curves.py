@@ -79,18 +79,16 @@ def interval(
 def difference_interval(
     a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
 ) -> tuple[float, float | None, float | None]:
-    """Mean of ``b`` minus mean of ``a`` and its Welch interval (unequal variances, scipy's t),
-    for trials of two runs that are not paired; no interval with fewer than two on a side."""
+    """Mean of ``b`` minus mean of ``a`` and its Welch interval (unequal variances: scipy's
+    ``ttest_ind``), for trials of two runs that are not paired; no interval with fewer than two
+    on a side, and a point interval where neither side varies (scipy gives NaN there)."""
     diff = float(np.mean(b)) - float(np.mean(a))
     if len(a) < 2 or len(b) < 2:
         return diff, None, None
-    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
+    if np.var(a) == 0 and np.var(b) == 0:
         return diff, diff, diff
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(sps.t.ppf(0.5 + confidence / 2, dof)) * se
-    return diff, diff - half, diff + half
+    ci = sps.ttest_ind(b, a, equal_var=False).confidence_interval(confidence)
+    return diff, float(ci.low), float(ci.high)
 
 
 def usable(row: SummaryRow) -> bool:

@@ -38,6 +38,7 @@ from bench.report.data import RunData, read_recovery
 from bench.report.verdicts import SPANS, Band, Status, combine, decide
 from harness import schema
 from harness.curves import Interval, interval
+from harness.runner.trials import trial_phase
 from harness.schema import SummaryRow
 from harness.schema.files import read_json, write_json_atomic
 from harness.telemetry.process import LAYER_ROLES
@@ -208,7 +209,7 @@ def _layer_share(run: RunData, window: tuple[int, int]) -> float | None:
 
 
 def _trial_phase(row: SummaryRow) -> str:
-    return f"{row.stack}/{row.profile}" + (f"#{row.repeat}" if row.repeat else "")
+    return trial_phase(row.stack, row.profile, row.repeat)
 
 
 def layer_cpu_share(run: RunData) -> ClaimResult:

@@ -66,6 +66,11 @@ def stacks_up(
         yield [up.enter_context(stack_session(name, config, run, tele)) for name in names]
 
 
+def trial_phase(stack: str, profile: str, repeat: int) -> str:
+    """A plain run's trial as its telemetry phase is named: ``<stack>/<profile>[#<repeat>]``."""
+    return f"{stack}/{profile}" + (f"#{repeat}" if repeat else "")
+
+
 def trial_load(
     profile: Profile, stack: Stack, run: RunDir, config: RunConfig, repeat: int
 ) -> LoadPhase:
@@ -74,7 +79,7 @@ def trial_load(
     ``requests-<stack>-<profile>[.r<repeat>].jsonl``."""
     seeded = dataclasses.replace(profile, seed=profile.seed + repeat)
     tag = f"r{repeat}" if repeat else ""
-    name = f"{stack.name}/{profile.name}" + (f"#{repeat}" if repeat else "")
+    name = trial_phase(stack.name, profile.name, repeat)
     return LoadPhase(
         name=name,
         profile=seeded,

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from harness import metrics, schema
+from harness.runner.trials import trial_phase
 from harness.telemetry import (
     Component,
     EngineSource,
@@ -98,7 +99,7 @@ async def _drive(
 ) -> None:
     gate = asyncio.Semaphore(gate_size) if gate_size else None
     offsets = arrival_offsets("poisson", spec.rate, spec.count, seed + repeat)
-    name = f"{stack}/{profile}" + (f"#{repeat}" if repeat else "")
+    name = trial_phase(stack, profile, repeat)
     phases.begin(name, stack=stack, profile=profile, repeat=repeat)
     t0_ns, t0 = time.time_ns() + 20_000_000, time.monotonic() + 0.02
     tasks = []
