@@ -1,7 +1,7 @@
 """Sessions: ``bench`` (the main job), ``sweep`` (load curves), ``tests`` (what CI runs),
 ``lint`` (ruff, import contracts, mypy), ``vllm`` (the tests against the real CPU vLLM),
-``chaos``, ``attack`` (the attack suite), ``benchmarks`` (pytest-benchmark), ``overhead`` and
-``fidelity``."""
+``chaos``, ``attack`` (the attack suite), ``benchmarks`` (pytest-benchmark), ``perf`` (the
+replica's CPU per token against a stored baseline), ``overhead`` and ``fidelity``."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ def bench(session: nox.Session) -> None:
 def notebook(session: nox.Session) -> None:
     """Redraw a run's figures in notebooks/reproduce.ipynb: ``nox -s notebook -- results/<run-id>``
     (the newest run when none is given); the executed notebook and its HTML export are written
-    into the run directory. Arguments after ``--`` go to ``zl-bench notebook``."""
+    into the run directory. ``nox -s notebook -- --notebook history`` runs
+    notebooks/history.ipynb on the results store instead. Arguments after ``--`` go to
+    ``zl-bench notebook``."""
     session.install("-e", ".")
     session.run("zl-bench", "notebook", *session.posargs)
 
@@ -107,6 +109,14 @@ def benchmarks(session: nox.Session) -> None:
     """pytest-benchmark micro-benchmarks of the hot paths (sim step, client encode, ...)."""
     session.install("-e", ".[dev]")
     session.run("pytest", "benchmarks", "--benchmark-only", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def perf(session: nox.Session) -> None:
+    """The replica's CPU per streamed token against a bare h2 echo's, measured in the same run,
+    held to the stored baseline (benchmarks/perf_baseline.json); arguments go to pytest."""
+    session.install("-e", ".[dev]")
+    session.run("pytest", "benchmarks/test_perf.py", "-s", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -14,6 +14,7 @@ import orjson
 from chaos.attacks.outcome import Outcome, mib
 from chaos.attacks.runner import DEFAULT_SECONDS, NAMES, run_suite, select
 from harness.errors import UsageError
+from harness.outputs import output_file
 from harness.tables import Align, Column, text_table
 from serving.cliargs import positive_float
 from serving.engine import ENGINE_KINDS
@@ -50,8 +51,8 @@ def run_command(args: argparse.Namespace) -> int:
         attacks = select(args.only)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.out is not None and not args.out.parent.is_dir():
-        raise UsageError(f"--out: no such directory: {args.out.parent}")
+    if args.out is not None:
+        output_file(args.out)
     outcomes = run_suite(attacks, args.seconds, args.engine, progress=_print_line)
     print()
     print(table(outcomes))

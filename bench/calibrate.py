@@ -22,6 +22,7 @@ This module has no program of its own: ``zl-bench calibrate`` calls :func:`add_a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import platform
@@ -33,6 +34,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.calibrate_vllm import DECODE_TOKENS, check_fits
+from harness.errors import UsageError
+from harness.outputs import output_file
+from harness.promptfit import context_length
+from serving.engine import engine_kind
 from serving.engine.options import add_engine_option, validate_engine_options
 
 if TYPE_CHECKING:
@@ -230,6 +236,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="profile file to write or add to")
 
 
+def fit_points(points: tuple[int, ...], limit: int, least: int = 1) -> tuple[int, ...]:
+    """``points`` no longer than ``limit``: those past it replaced by ``limit`` itself, then, if
+    fewer than ``least`` are left, points a quarter, a sixteenth ... of it added below."""
+    if limit < 1:
+        raise ValueError(f"a context of {limit} tokens leaves no point to time")
+    kept = {p for p in points if p <= limit}
+    if len(kept) < len(points):
+        kept.add(limit)
+    below = limit
+    while len(kept) < least and below > 1:
+        below = max(1, below // 4)
+        kept.add(below)
+    return tuple(sorted(kept))
+
+
+def fit_grid(
+    grid: Grid, context: int | None, given: frozenset[str] = frozenset()
+) -> tuple[Grid, list[str]]:
+    """``grid`` inside an engine's context (``max_model_len``): the decode contexts and the
+    prefill lengths the command line did not give (``given``: ``contexts``, ``prefill``) fitted
+    with :func:`fit_points` so every sequence (``DECODE_TOKENS`` past a decode context, one past
+    a prefill) fits; what the command line gave is checked, not changed (ValueError). Says what
+    was fitted, a line per part."""
+    if context is None:
+        return grid, []
+    contexts, prefill = grid.contexts, grid.prefill_lengths
+    if "contexts" not in given:
+        contexts = fit_points(contexts, context - DECODE_TOKENS)
+    if "prefill" not in given:
+        prefill = fit_points(prefill, context - 1, MIN_PREFILL_POINTS)
+    fitted = dataclasses.replace(grid, contexts=contexts, prefill_lengths=prefill)
+    check_fits(fitted, context)
+    lines = [
+        f"{name} {','.join(map(str, before))} -> {','.join(map(str, after))}, fitted to "
+        f"max_model_len {context}"
+        for name, before, after in (
+            ("decode contexts", grid.contexts, contexts),
+            ("prefill lengths", grid.prefill_lengths, prefill),
+        )
+        if before != after
+    ]
+    return fitted, lines
+
+
 def grid_from_args(args: argparse.Namespace) -> Grid:
     """The grid asked for, each unset part taken from the engine's default grid."""
     base = CALIBRATORS[args.engine].grid
@@ -243,9 +293,12 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
 
 
 def check_out(out: Path) -> None:
-    """Refuse an output path that cannot take a profile (a directory, a file that is not JSON)."""
-    if out.is_dir():
-        raise ValueError(f"--out {out} is a directory; give a profile file name")
+    """Refuse an output path that cannot take a profile (a directory, a path under a file or
+    that cannot be written, a file that is not JSON)."""
+    try:
+        output_file(out)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
     if out.exists():
         try:
             json.loads(out.read_text())
@@ -254,12 +307,19 @@ def check_out(out: Path) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Calibrate and write the profile; ValueError for bad input (options, grid, output path)."""
-    options = validate_engine_options(args.engine, dict(args.engine_options))
-    grid = grid_from_args(args)
+    """Calibrate and write the profile; ValueError for bad input (options, model, grid, output
+    path). The engine's options are fitted to the model they name and the grid's default parts
+    to its context, each said in a line."""
     out: Path = args.out
     check_out(out)
-    name, entry, meta = CALIBRATORS[args.engine].calibrate(options, grid, args.name)
+    options = validate_engine_options(args.engine, dict(args.engine_options))
+    asked = grid_from_args(args)
+    fit = engine_kind(args.engine).fit_to_model(options)
+    given = frozenset(part for part in ("contexts", "prefill") if getattr(args, part))
+    grid, lines = fit_grid(asked, context_length(fit.options), given)
+    for line in [*fit.notes, *lines]:
+        print(f"calibrate: {line}", flush=True)
+    name, entry, meta = CALIBRATORS[args.engine].calibrate(fit.options, grid, args.name)
     write_profile(out, name, entry, meta)
     points = len(entry["decode_step_graph_ms"]) + len(entry["prefill_graph_ms"])
     print(f"wrote {name} ({points} points) to {out}")
@@ -279,11 +339,6 @@ def _calibrate_vllm(
     from serving.engine.vllm_engine import VllmEngineConfig
 
     config = VllmEngineConfig(**options)
-    if not config.model or not Path(config.model).is_dir():
-        raise ValueError(
-            f"--engine vllm needs --engine-option model=DIR, a model directory "
-            f"(zl-bench tiny-model writes one); got {config.model!r}"
-        )
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("vllm is not installed (the CPU build installs with: nox -s vllm)")
     entry, meta = calibrate_vllm(config, grid)

@@ -16,11 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from harness.errors import UsageError
+from harness.errors import ClusterError, UsageError
 from harness.schema import ResultsError
 
 PROG = "zl-bench"
 EXIT_USAGE = 2
+EXIT_CLUSTER = 1  # a node of the run's Ray cluster was lost: partial results saved
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +57,31 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "figures with intervals); exit 0 no regression, 1 regression, 2 incomparable",
     ),
     Subcommand(
+        "index",
+        "bench.history.index",
+        "file results directories (any schema version; partial runs marked) in the results "
+        "store and rewrite results/index.html",
+    ),
+    Subcommand(
+        "history",
+        "bench.history.command",
+        "list the runs of the results store with their figures and intervals, filtered; "
+        "--baseline TAG marks regressions by compare's rules; trend METRIC plots one metric",
+    ),
+    Subcommand("tag", "bench.history.tag", "name a run of the results store"),
+    Subcommand(
         "aa",
         "bench.aa",
         "run one configuration in pairs and report how often compare flags a regression between "
         "two runs of it (the false-alarm rate)",
     ),
     Subcommand("chaos", "chaos.runner", "run the chaos experiments against a stack"),
+    Subcommand(
+        "fragmentation",
+        "bench.fragmentation",
+        "seed 003's fixed shapes against the engine's defaults on one stack, in paired trials: "
+        "KV tail waste and P95 stability",
+    ),
     Subcommand(
         "attack",
         "bench.attack",
@@ -161,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except (UsageError, ResultsError) as exc:
         fail(str(exc))
+    except ClusterError as exc:  # the run's cluster failed it: what it measured is saved
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_CLUSTER
 
 
 if __name__ == "__main__":

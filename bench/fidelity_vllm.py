@@ -46,21 +46,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import uvloop
 
-from bench.calibrate import CALIBRATORS, Grid, vllm_profile_name, write_profile
-from bench.calibrate_vllm import (
-    EngineLimits,
-    ModelFigures,
-    StepTimes,
-    check_fits,
-    measure,
-)
+from bench.calibrate import CALIBRATORS, Grid, fit_grid, vllm_profile_name, write_profile
+from bench.calibrate_vllm import EngineLimits, ModelFigures, StepTimes, measure
 from bench.fidelity_cells import Cell, compare, table_markdown, verdict
 from harness.errors import UsageError
 from harness.loaders import LOADERS
+from harness.outputs import output_dir
 from harness.profile import PROFILES, Profile, load_profile, resolve_name
-from harness.promptfit import ClassFit, apply_fits, class_fits, scaled_bytes
+from harness.promptfit import ClassFit, apply_fits, class_fits, fit_profiles
 from harness.stacks import StackName, StackSpec, stand_up
-from harness.workload import PlannedRequest, build_schedule, make_prompt
+from harness.workload import PlannedRequest, build_schedule
 from serving.engine import engine_kind
 from serving.engine.tokenrules import TokenRule
 from serving.wire.tokens import BYTES_PER_TOKEN
@@ -70,11 +65,10 @@ if TYPE_CHECKING:
 
 TOLERANCE: Final = 0.15
 DEFAULT_PROFILES: Final = ("a_latency", "c_mixed")
-# Engine settings for the vLLM side unless --engine-option says otherwise: the tiny model's
-# whole context, CPU vLLM's block size, greedy sampling (the CPU build's seeded sampler fails
-# on chunked prefills).
+# Engine settings for the vLLM side unless --engine-option says otherwise: CPU vLLM's block
+# size, greedy sampling (the CPU build's seeded sampler fails on chunked prefills);
+# ``max_model_len`` is the model's own (``EngineKind.fit_to_model``).
 VLLM_DEFAULTS: Final[Mapping[str, Any]] = {
-    "max_model_len": 4096,
     "block_size": 128,
     "temperature": 0.0,
 }
@@ -123,6 +117,7 @@ class Settings:
     tolerance: float
     calibrate: Calibrate
     engine_options: Mapping[str, Any]  # the vLLM side's, checked, defaults and model included
+    fitted: tuple[str, ...] = ()  # what was read of the model and fitted to it, a line each
 
 
 def sim_options(limits: EngineLimits, profile_path: Path, model_shape: str) -> dict[str, Any]:
@@ -155,8 +150,13 @@ def _say(text: str) -> None:
 def plan(settings: Settings, rule: TokenRule, max_model_len: int) -> list[Planned]:
     """Each profile's schedule, resized for the vLLM replica's token rule, for both sides."""
     planned = []
-    for name in settings.profiles:
-        profile = load_profile(name, settings.scale)
+    profiles, lines = fit_profiles(
+        [load_profile(name, settings.scale) for name in settings.profiles], max_model_len
+    )
+    for line in lines:
+        _say(line)
+    for profile in profiles:
+        name = profile.name
         fits = class_fits(profile, rule, max_model_len)
         fitted = apply_fits(profile, fits)
         requests = list(build_schedule(fitted, rule=rule))[: settings.max_requests]
@@ -180,7 +180,7 @@ def _offline_calibration(settings: Settings) -> Path:
     path = settings.out / "calibration.json"
     _say(f"calibrating vLLM offline (vllm.LLM) into {path}")
     config = VllmEngineConfig(**settings.engine_options)
-    entry, meta = calibrate_vllm(config, CALIBRATORS["vllm"].grid)
+    entry, meta = calibrate_vllm(config, _grid(config.max_model_len))
     write_profile(path, vllm_profile_name(str(settings.model)), entry, meta)
     return path
 
@@ -236,17 +236,26 @@ def replica_kv_blocks(url: str) -> int:
 
 
 class _PromptMaker:
-    """Fresh prompts of about ``length`` of the model's tokens (a new id heads each, so vLLM's
-    prefix cache never shortens a prefill)."""
+    """Fresh prompts of ``length`` of the model's tokens, never more (a grid's longest prefill
+    is the engine's whole context): each the rule's seeded text for a new seed, so no two share
+    a block vLLM's prefix cache could reuse; where the tokenizer's merges make one a token or
+    two long, asked again that much shorter."""
+
+    TRIES: Final = 4
 
     def __init__(self, rule: TokenRule) -> None:
-        sample = make_prompt("cal0000000", 4096)
-        self._bytes, self._tokens = len(sample), rule.count(sample)
-        self._ids = itertools.count()
+        self._rule = rule
+        self._seeds = itertools.count(1)
 
     def __call__(self, length: int) -> str:
-        size = scaled_bytes(length, self._bytes, self._tokens)
-        return make_prompt(f"cal{next(self._ids):07d}", size)
+        seed, want = next(self._seeds), length
+        for _ in range(self.TRIES):
+            text = self._rule.text(want, seed)
+            over = self._rule.count(text) - length
+            if over <= 0:
+                break
+            want = max(1, want - over)
+        return text
 
 
 async def _served_times(stack: Stack, grid: Grid, prompt: _PromptMaker) -> StepTimes:
@@ -266,6 +275,18 @@ async def _served_times(stack: Stack, grid: Grid, prompt: _PromptMaker) -> StepT
         return await asyncio.to_thread(measure, run, grid)
 
 
+def _grid(max_model_len: int | None) -> Grid:
+    """``calibrate --engine vllm``'s default grid fitted to the engine's context, said; a
+    context too short for any grid is the user's mistake."""
+    try:
+        grid, lines = fit_grid(CALIBRATORS["vllm"].grid, max_model_len)
+    except ValueError as exc:
+        raise UsageError(f"the calibration grid: {exc}") from None
+    for line in lines:
+        _say(f"calibration grid: {line}")
+    return grid
+
+
 def model_figures(model: Path, options: Mapping[str, Any]) -> ModelFigures:
     """Parameters and KV bytes from the model's ``config.json`` at the engine's dtype."""
     from serving.engine.vllm_engine import VllmEngineConfig, vllm_cpu_build
@@ -277,12 +298,10 @@ def model_figures(model: Path, options: Mapping[str, Any]) -> ModelFigures:
 
 
 def served_calibration(
-    settings: Settings, stack: Stack, limits: EngineLimits, rule: TokenRule
+    settings: Settings, stack: Stack, limits: EngineLimits, rule: TokenRule, grid: Grid
 ) -> Path:
     """Calibrate through the running vLLM replica (same method, the serving stack around it) and
     write the profile into ``--out``; see the module docstring for why."""
-    grid = CALIBRATORS["vllm"].grid
-    check_fits(grid, limits.max_model_len)
     _say("calibrating through the vLLM replica (step times as served on this machine)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         times = runner.run(_served_times(stack, grid, _PromptMaker(rule)))
@@ -353,6 +372,8 @@ def _planned(settings: Settings, max_model_len: int) -> tuple[TokenRule, list[Pl
 def run_fidelity(settings: Settings) -> int:
     """Calibrate if needed, run both sides, print and write the table; 0 within, 1 outside."""
     options = settings.engine_options
+    for line in settings.fitted:
+        _say(line)
     settings.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     profile_path = settings.calibration
@@ -365,12 +386,13 @@ def run_fidelity(settings: Settings) -> int:
     else:
         limits = option_limits(options)
     rule, planned = _planned(settings, limits.max_model_len)
+    grid = _grid(limits.max_model_len) if profile_path is None else CALIBRATORS["vllm"].grid
     spec = StackSpec(StackName.ZEROLAYER, engine="vllm", engine_options=options, replicas=1)
     stack, workdir = _stack(Side.VLLM, spec, settings.out)
     with stack:
         limits = dataclasses.replace(limits, num_gpu_blocks=replica_kv_blocks(stack.urls[0]))
         if profile_path is None:
-            profile_path = served_calibration(settings, stack, limits, rule)
+            profile_path = served_calibration(settings, stack, limits, rule, grid)
         vllm_summaries = _run_profiles(Side.VLLM, stack, planned, settings.out, workdir)
     spec = StackSpec(
         StackName.ZEROLAYER,
@@ -477,8 +499,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise UsageError(
             "--against vllm needs --engine-option model=DIR (zl-bench tiny-model writes one)"
         )
-    if not Path(model).is_dir():
-        raise UsageError(f"--engine-option model={model} is not a model directory")
     profiles = _profiles(args.profiles)
     if not profiles:
         raise UsageError(f"--profiles: name at least one of {', '.join(PROFILES)}")
@@ -494,7 +514,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         )
     except ValueError as exc:
         raise UsageError(f"--engine-option: {exc}") from None
-    out = (
+    try:
+        fit = engine_kind("vllm").fit_to_model(options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = output_dir(
         Path(args.out)
         if args.out
         else Path("results") / time.strftime("fidelity-vllm-%Y%m%d-%H%M%S")
@@ -508,7 +532,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_requests=args.max_requests,
         tolerance=args.tolerance,
         calibrate=Calibrate(args.calibrate),
-        engine_options=options,
+        engine_options=fit.options,
+        fitted=fit.notes,
     )
 
 

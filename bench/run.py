@@ -6,10 +6,13 @@ is up for the whole run, and each of ``--repeats`` repeats drives every non-faul
 every stack, the stacks in a balanced order (A B, then B A, ...), each with the repeat's seeded
 schedule (seed, seed + 1, ...), so that the claims and ``compare`` can pair the stacks' trials
 by repeat. Only one stack is driven at a time; the others sit idle beside it (their idle CPU
-shows in the trial's host CPU). Profile D then runs the chaos experiments on each stack in turn,
-once. Everything is written as it happens, so a run cut short by SIGINT still leaves a
-directory that ``zl-bench report`` renders, marked incomplete; run.json records how the run
-really ended.
+shows in the trial's host CPU). Profile G (elasticity, only when named) is a trial of each
+repeat too, after the load profiles: one replica joins each stack under the load, then one
+leaves (``chaos.elastic_runner``). Profile D then runs the chaos experiments, as trials too: in
+each repeat on every stack in the balanced order, every experiment in the first repeat and the
+ones the claims judge in the others (``chaos.runner``). Everything is written as it happens, so
+a run cut short by SIGINT still leaves a directory that ``zl-bench report`` renders, marked
+incomplete; run.json records how the run really ended.
 
 ``--auth`` is the production-like mode: the run writes a key file with one fresh key per tenant
 its profiles use (each allowed the most urgent class that tenant is sent with) into the run
@@ -27,13 +30,16 @@ import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.history import file_run
 from bench.report.console import render
 from bench.stack_options import add_stack_arguments, comma_separated, config_from
 from harness import schema
 from harness.capacity import Capacity
+from harness.cluster import ClusterSession
 from harness.metrics import summarize
 from harness.parity import check_parity
-from harness.profile import PROFILES, Profile, resolve_name
+from harness.profile import DEFAULT_PROFILES, PROFILES, Profile, resolve_name
+from harness.runner.cluster import check_cluster_options, on_cluster, record_cluster
 from harness.runner.config import (
     RunConfig,
     capacity_preflight,
@@ -53,24 +59,46 @@ from harness.stacks import STACKS, Stack
 FAULT_PROFILE = "d_fault"
 
 
-def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Telemetry) -> None:
-    """Profile D: every chaos experiment on this very stack (same engine, options, replicas)."""
-    from bench.report.data import append_recovery
-    from chaos.runner import run_profile_d, table
+def _fault_stacks(stacks: Sequence[Stack], profile: Profile) -> list[Stack]:
+    """The stacks profile D runs on: those this run started, of a kind faults are defined for."""
+    out = []
+    for stack in stacks:
+        if stack.external:
+            say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
+        elif stack.name.value not in STACKS:
+            say(
+                f"{stack.name} / {profile.name}: skipped, faults are defined for the zero-layer "
+                "and baseline stacks"
+            )
+        else:
+            out.append(stack)
+    return out
 
-    if stack.external:
-        say(f"{stack.name} / {profile.name}: skipped, faults need a stack this run started")
-        return
-    if stack.name.value not in STACKS:
-        say(
-            f"{stack.name} / {profile.name}: skipped, faults are defined for the zero-layer and "
-            "baseline stacks"
-        )
-        return
-    say(f"{stack.name} / {profile.name}: chaos experiments under profile A's load")
-    rows = run_profile_d(stack, profile, run.path, tele.phases)
-    print(table(rows), flush=True)
+
+def _run_fault_trial(
+    profile: Profile,
+    stack: Stack,
+    run: RunDir,
+    tele: Telemetry,
+    repeat: int,
+    experiments: Sequence[str] = (),
+) -> None:
+    """Trial ``repeat`` of profile D on this very stack (same engine, options, replicas): every
+    chaos experiment in the first, those the claims judge in the others."""
+    from bench.report.data import append_recovery
+    from chaos.runner import experiment_paths, run_profile_d, tables
+
+    label = f"{stack.name} / {profile.name}" + (f" (repeat {repeat})" if repeat else "")
+    say(f"{label}: chaos experiments under profile A's load")
+    paths = experiment_paths(experiments)
+    rows = run_profile_d(stack, profile, run.path, tele.phases, repeat, paths)
+    print(tables(rows), flush=True)
     append_recovery(run.path, list(rows))
+    say(f"{label}: {len(rows)} experiments, {sum(r.lost for r in rows)} lost")
+
+
+def _fault_summary(profile: Profile, stack: Stack, run: RunDir) -> None:
+    """Profile D's summary row for a stack: every experiment's background load, every trial."""
     logs = sorted(
         (run.path / schema.CHAOS_DIR).glob(f"requests-{stack.name}-{profile.name}-*.jsonl")
     )
@@ -82,29 +110,58 @@ def _run_fault_profile(profile: Profile, stack: Stack, run: RunDir, tele: Teleme
     )
     row.loader_protocol = "h2" if stack.protocol == "h2" else "http/1.1"
     run.add_summary(row)
-    say(
-        f"{stack.name} / {profile.name}: {len(rows)} experiments, {row.lost} lost, "
-        f"{row.errors} errors"
-    )
+    say(f"{stack.name} / {profile.name}: {row.lost} lost, {row.errors} errors over every trial")
+
+
+def _run_fault_profiles(
+    profiles: Sequence[Profile], stacks: Sequence[Stack], config: RunConfig, run: RunDir,
+    tele: Telemetry,
+) -> None:  # fmt: skip
+    """Profile D's trials, the stacks in each repeat's balanced order, then its summaries."""
+    for profile in (p for p in profiles if p.fault is not None):
+        chosen = _fault_stacks(stacks, profile)
+        for repeat in range(config.trials):
+            for stack in trial_order(chosen, repeat):
+                _run_fault_trial(profile, stack, run, tele, repeat, config.experiments)
+        for stack in chosen:
+            _fault_summary(profile, stack, run)
+
+
+def _run_elastic_profile(
+    profile: Profile, stack: Stack, run: RunDir, tele: Telemetry, repeat: int
+) -> None:
+    """Profile G's trial of ``repeat`` on this very stack: a replica joins, then one leaves."""
+    from chaos import elastic_runner
+
+    label = f"{stack.name} / {profile.name}" + (f" (repeat {repeat})" if repeat else "")
+    why = elastic_runner.skip_reason(stack)
+    if why:
+        say(f"{label}: skipped, {why}")
+        return
+    say(f"{label}: one replica joins, then one leaves, under profile A's load")
+    trial = elastic_runner.run_trial(stack, profile, run.path, repeat, tele.phases)
+    run.add_summary(trial.summary)
+    print(elastic_runner.table([trial.row]), flush=True)
 
 
 def _run_stacks(
     profiles: Sequence[Profile], config: RunConfig, run: RunDir, tele: Telemetry
 ) -> None:
     """Stand every stack up, run the repeats of every load profile on them in a balanced
-    order, then profile D on each; tear them all down."""
+    order, then profile D's; tear them all down."""
     with stacks_up(config.stacks, config, run, tele) as stacks:
         check_parity(stacks, config.allow_mismatch, run)  # every stack up, before any load
         for stack in stacks:
             run.meta.stacks[stack.name.value]["request_body_fields"] = stack.body_fields()
         try:
             for repeat in range(config.trials):
-                for profile in (p for p in profiles if p.fault is None):
+                for profile in (p for p in profiles if p.fault is None and p.elasticity is None):
                     for stack in trial_order(stacks, repeat):
                         run_trial(profile, stack, config, run, tele, repeat)
-            for stack in stacks:
-                for profile in (p for p in profiles if p.fault is not None):
-                    _run_fault_profile(profile, stack, run, tele)
+                for profile in (p for p in profiles if p.elasticity is not None):
+                    for stack in trial_order(stacks, repeat):
+                        _run_elastic_profile(profile, stack, run, tele, repeat)
+            _run_fault_profiles(profiles, stacks, config, run, tele)
         finally:
             for stack in stacks:
                 run.meta.stacks[stack.name.value]["engines_at_teardown"] = tele.last_reads(stack)
@@ -132,9 +189,24 @@ def run(config: RunConfig) -> int:
     """
     profiles = load_profiles(config)
     check_external(config)
+    placement = check_cluster_options(
+        config.ray_address, config.placement, config.loader_workers, config.loader
+    )
     capacities = capacity_preflight(profiles, config)
+    with on_cluster(config.ray_address, placement) as cluster:
+        return _run_on(config, profiles, capacities, cluster)
+
+
+def _run_on(
+    config: RunConfig,
+    profiles: Sequence[Profile],
+    capacities: dict[str, Capacity],
+    cluster: ClusterSession | None,
+) -> int:
+    """The run itself, on this host or placed on ``cluster``."""
     run = open_run(config, profiles, choose_token_rule(config, profiles))
     say(f"run {run.meta.run_id} -> {run.path}; {host_line(run)}")
+    record_cluster(cluster, run)
     _describe_profiles(run, profiles, capacities)
     try:
         with until_stopped(run) as ending, sampling(run, config.telemetry_interval_s) as tele:
@@ -146,6 +218,7 @@ def run(config: RunConfig) -> int:
     if ending.stopped:
         say(f"{ending.detail}: keeping what was measured")
     render(run)
+    file_run(run.path)
     return ending.status
 
 
@@ -176,8 +249,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profiles",
         type=profile_list,
-        default=",".join(PROFILES),
-        help=f"comma-separated, from {', '.join(PROFILES)} (or a-f), or profile TOML paths",
+        default=",".join(DEFAULT_PROFILES),
+        help=f"comma-separated, from {', '.join(PROFILES)} (or a-g), or profile TOML paths; "
+        "G (elasticity) only when named",
     )
     add_stack_arguments(parser)
 

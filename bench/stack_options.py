@@ -10,10 +10,13 @@ from baselines.rayserve.config import BASELINE_ROUTERS, BaselineRouter, parse_ro
 from harness.errors import UsageError
 from harness.loaders import LOADERS
 from harness.metrics import Slo, parse_slo_option
+from harness.outputs import output_dir
 from harness.profile import SCALES, WORKLOAD_OPTION_HELP, WorkloadChoice, parse_workload_option
-from harness.runner.config import RunConfig
+from harness.runner.config import RunConfig, cpu_layout, fit_engine_to_model
+from harness.slosets import SLO_SETS
 from harness.stacks import ALL_STACKS, STACKS, StackName
-from serving.cliargs import positive_int
+from serving.cliargs import non_negative_float, positive_int
+from serving.cpus import LAYOUT_HELP
 from serving.engine import ENGINES
 from serving.engine.options import add_engine_option, validate_engine_options
 
@@ -68,6 +71,17 @@ def _workload(text: str) -> WorkloadChoice:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _experiments(text: str) -> list[str]:
+    from chaos.runner import check_experiments
+
+    names = comma_separated(text)
+    try:
+        check_experiments(names)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return names
+
+
 def _router(text: str) -> BaselineRouter:
     try:
         return parse_router(text)
@@ -90,6 +104,7 @@ def _add_stack_choice(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas per stack"
     )
+    parser.add_argument("--cpu-layout", metavar="ENGINES/REST", help=LAYOUT_HELP + " (vllm only)")
     parser.add_argument("--loader", choices=tuple(LOADERS), default="native", help="load tool")
     parser.add_argument("--out", default="results", help="parent of results/<run-id>/")
     parser.add_argument("--seed", type=int, help="override every profile's seed")
@@ -100,6 +115,12 @@ def _add_stack_choice(parser: argparse.ArgumentParser) -> None:
         help="trials per stack: of each profile in a run (default 3), of each rate in a sweep "
         "(default the profile's sweep_repeats at the scale: 3, 1 at smoke); repeat k is seeded "
         "seed + k and runs the stacks in a balanced order",
+    )
+    parser.add_argument(
+        "--slo-set",
+        choices=sorted(SLO_SETS),
+        help="also judge every stack and profile against a named SLO set (seed000: seed 000's "
+        "five SLOs); the report shows it and writes slo-<set>.json",
     )
     parser.add_argument(
         "--slo",
@@ -123,7 +144,7 @@ def _add_stack_setup(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline-url", type=check_url, default=None, help="front door of a running baseline"
     )
-    parser.add_argument("--ray-address", help="attach the baseline to this Ray cluster")
+    _add_cluster(parser)
     parser.add_argument(
         "--baseline-router",
         type=_router,
@@ -131,6 +152,14 @@ def _add_stack_setup(parser: argparse.ArgumentParser) -> None:
         help="the baseline's request router: pow2 (power of two choices), consistent-hash (on "
         "zl-session) or prefix-aware (Ray Serve LLM's, --engine vllm only); default: "
         "consistent-hash for our orchestrator, pow2 (Serve's default) for Ray Serve LLM",
+    )
+    parser.add_argument(
+        "--baseline-stream-batching-ms",
+        type=non_negative_float,
+        metavar="MS",
+        help="how long the baseline's engine replicas gather their engine's chunks before "
+        "streaming them on as one item (Ray Serve LLM's stream_batching_interval_ms, for both "
+        "baselines; 0: every engine step); default: Ray Serve LLM's own (50 ms)",
     )
     parser.add_argument(
         "--auth",
@@ -151,6 +180,37 @@ def _add_stack_setup(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
+    """Placing the run on a Ray cluster: the address, the placement file, loader workers."""
+    parser.add_argument(
+        "--ray-address",
+        help="place every stack's processes on this Ray cluster (zero-layer replicas and vLLM's "
+        "servers by a node agent, the baseline by Serve); docs/cluster.md",
+    )
+    parser.add_argument(
+        "--placement",
+        metavar="FILE",
+        help="TOML saying which nodes host each stack's replicas and the loader workers "
+        "([stacks.NAME] nodes = [...], [loaders] nodes = [...]); default: spread over every "
+        "node (needs --ray-address)",
+    )
+    parser.add_argument(
+        "--loader-workers",
+        type=positive_int,
+        metavar="N",
+        help="run the native loader as N Ray actors, each a shard of the schedule (by "
+        "session), one start time for all (needs --ray-address)",
+    )
+    parser.add_argument(
+        "--experiments",
+        type=_experiments,
+        default=[],
+        metavar="NAME,...",
+        help="profile D's chaos experiments, by name (default: every one that applies; "
+        "node-loss only on a cluster of more than one node)",
+    )
+
+
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     """What stands the stacks up and drives them: shared by ``run`` and ``sweep``."""
     _add_stack_choice(parser)
@@ -158,12 +218,18 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfig:
-    """The RunConfig of a command line (``run`` or ``sweep``), engine options validated."""
+    """The RunConfig of a command line (``run`` or ``sweep``): engine options validated and
+    fitted to the model they name (said once), ``--out`` a directory it can write."""
     try:
         options = validate_engine_options(args.engine, dict(args.engine_options))
     except ValueError as exc:
         raise UsageError(f"--engine-option: {exc}") from exc
-    return RunConfig(
+    output_dir(args.out)
+    external = bool(args.zerolayer_urls or args.baseline_url)
+    # On a cluster the nodes are not this host: its cores are no layout for them.
+    placed_here = not (external or args.ray_address)
+    layout = cpu_layout(args.engine, args.replicas, args.cpu_layout) if placed_here else None
+    config = RunConfig(
         scale=args.scale,
         profiles=profiles,
         stacks=tuple(args.stacks),
@@ -177,10 +243,17 @@ def config_from(args: argparse.Namespace, profiles: tuple[str, ...]) -> RunConfi
         baseline_url=args.baseline_url or "",
         ray_address=args.ray_address,
         baseline_router=args.baseline_router,
+        baseline_stream_batching_ms=args.baseline_stream_batching_ms,
+        slo_set=args.slo_set,
         slos=tuple(args.slo),
         quiet=args.quiet,
         auth=args.auth,
         workload=args.workload,
         repeats=args.repeats,
         allow_mismatch=args.allow_mismatch,
+        placement=args.placement,
+        loader_workers=args.loader_workers,
+        experiments=tuple(args.experiments),
+        cpu_layout=layout,
     )
+    return fit_engine_to_model(config)

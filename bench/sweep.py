@@ -23,14 +23,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from bench.history import file_run
 from bench.report.console import render
 from bench.stack_options import add_stack_arguments, config_from
 from harness import curves, schema
 from harness.capacity import Capacity
+from harness.cluster import ClusterSession
 from harness.errors import UsageError
 from harness.metrics import Slo
 from harness.parity import check_parity
 from harness.profile import PROFILES, Profile, WorkloadSource, resolve_name
+from harness.runner.cluster import check_cluster_options, on_cluster, record_cluster
 from harness.runner.config import (
     RunConfig,
     capacity_preflight,
@@ -351,6 +354,10 @@ def sweep(config: SweepConfig) -> int:
     profile = load_profiles(config.run)[0]
     if profile.fault is not None:
         raise UsageError(f"{profile.name} injects faults; sweep a load profile instead")
+    if profile.elasticity is not None:
+        raise UsageError(
+            f"{profile.name} scales the stacks under load; sweep a load profile instead"
+        )
     if profile.workload.source is WorkloadSource.TRACE:
         raise UsageError(
             "a trace replays at its own timing, so every rate would send the same requests; "
@@ -361,9 +368,25 @@ def sweep(config: SweepConfig) -> int:
     if config.run.repeats is not None:
         profile = replace(profile, sweep_repeats=config.run.repeats)
     check_external(config.run)
+    placement = check_cluster_options(
+        config.run.ray_address, config.run.placement, config.run.loader_workers, config.run.loader
+    )
     capacity = capacity_preflight([profile], config.run)[profile.name]
     rates = _rates(config, profile, capacity)
+    with on_cluster(config.run.ray_address, placement) as cluster:
+        return _sweep_on(config, profile, capacity, rates, cluster)
+
+
+def _sweep_on(
+    config: SweepConfig,
+    profile: Profile,
+    capacity: Capacity,
+    rates: Sequence[float],
+    cluster: ClusterSession | None,
+) -> int:
+    """The sweep itself, on this host or placed on ``cluster``."""
     run = open_run(config.run, [profile], choose_token_rule(config.run, [profile]), kind="sweep")
+    record_cluster(cluster, run)
     run.sweep = SweepSection(
         profile=profile.name,
         scale=config.run.scale,
@@ -398,6 +421,7 @@ def _execute(config: SweepConfig, profile: Profile, rates: Sequence[float], run:
     _finish(run, run.sweep, states, profile.slos)
     say(f"sweep took {time.monotonic() - started:.0f} s")
     render(run)
+    file_run(run.path)
     return ending.status
 
 
@@ -424,7 +448,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         type=_profile,
         default=PROFILES[0],
-        help=f"the load profile to sweep, from {', '.join(p for p in PROFILES if p != 'd_fault')}",
+        help="the load profile to sweep, from "
+        + ", ".join(p for p in PROFILES if p not in ("d_fault", "g_elasticity")),
     )
     parser.add_argument(
         "--rates",

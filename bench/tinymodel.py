@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.outputs import output_dir
+
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, BOS, EOS)
 # Words the training text is drawn from: enough variety for the BPE merges to fill the vocab.
@@ -56,6 +58,8 @@ class TinyModelSpec:
             raise ValueError("the head count must be a multiple of the KV head count")
         if self.vocab_size < 300:
             raise ValueError("vocab size must be at least 300 (256 bytes + specials + merges)")
+        if self.max_position_embeddings < 1:
+            raise ValueError("the context must be at least one token")
 
     @property
     def head_dim(self) -> int:
@@ -186,10 +190,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=default.seed, help="weights and corpus seed")
     parser.add_argument("--vocab-size", type=int, default=default.vocab_size, help="BPE vocab")
     parser.add_argument("--layers", type=int, default=default.num_layers, help="decoder layers")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=default.max_position_embeddings,
+        help="the model's context in tokens (max_position_embeddings)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Write the model; a bad shape is a ValueError, which ``zl-bench`` reports as a usage error."""
+    output_dir(args.out)
     try:
         import safetensors  # noqa: F401
         import tokenizers  # noqa: F401
@@ -197,7 +208,15 @@ def run_command(args: argparse.Namespace) -> int:
         raise ValueError(
             f"tiny-model needs tokenizers and safetensors (pip install '.[vllm]'): {exc}"
         ) from None
-    spec = TinyModelSpec(vocab_size=args.vocab_size, num_layers=args.layers, seed=args.seed)
-    out = write_tiny_model(args.out, spec)
-    print(f"wrote {out} (LlamaForCausalLM, {spec.num_layers} layers, head_dim {spec.head_dim})")
+    spec = TinyModelSpec(
+        vocab_size=args.vocab_size,
+        num_layers=args.layers,
+        max_position_embeddings=args.context,
+        seed=args.seed,
+    )
+    out = write_tiny_model(output_dir(args.out), spec)
+    print(
+        f"wrote {out} (LlamaForCausalLM, {spec.num_layers} layers, head_dim {spec.head_dim}, "
+        f"context {spec.max_position_embeddings}, vocabulary {spec.vocab_size})"
+    )
     return 0

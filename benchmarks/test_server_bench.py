@@ -18,6 +18,7 @@ import h2.events
 import uvloop
 from hpack import Decoder
 
+from bench.perf import PREFIX
 from serving.engine import make_engine
 from serving.wire.hpackdec import FastDecoder
 from serving.wire.hpackenc import LiteralEncoder
@@ -25,15 +26,6 @@ from zerolayer.client.codec import prepare
 from zerolayer.server.core import ReplicaCore
 from zerolayer.server.h2proto import H2Handler
 from zerolayer.server.limits import Limits
-
-PREFIX = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":authority", b"127.0.0.1:8000"),
-    (b":path", b"/v1/completions"),
-    (b"content-type", b"application/json"),
-    (b"accept", b"text/event-stream"),
-]
 
 
 class _Transport:
@@ -74,7 +66,8 @@ def _request_block(i: int) -> list[tuple[bytes, bytes]]:
 
 def test_replica_request_path(benchmark) -> None:
     async def main() -> int:
-        replica = ReplicaCore(make_engine("null"), name="bench", limits=Limits(keepalive_s=0))
+        engine = make_engine("null", per_token=False)  # the per-request path: one chunk
+        replica = ReplicaCore(engine, name="bench", limits=Limits(keepalive_s=0))
         transport = _Transport()
         handler = H2Handler(replica, transport)  # type: ignore[arg-type]
         client = _client()

@@ -6,7 +6,9 @@
 - network delay and partition: :func:`add_delay`, :func:`partition`, :func:`heal` switch the
   loopback proxy (``chaos.netproxy``) the stack is pointed through;
 - stress: :func:`cpu_stress` keeps N busy processes for a bounded time;
-- KV pressure: :func:`kv_pressure` sends long requests that fill one replica's KV cache.
+- KV pressure: :func:`kv_pressure` sends long requests, one after another, that fill one
+  replica's KV cache, and logs each (its refusal, if refused) for ``chaos.refusal``;
+- node loss: :func:`node_loss` takes a worker node out of the stack's Ray cluster.
 
 Rollbacks (Chaos Toolkit runs them ``always``): :func:`resume_all`, :func:`heal`,
 :func:`restart_replicas` (a killed zero-layer replica, on its port), :func:`wait_ready`.
@@ -19,7 +21,7 @@ target's stack kind (``harness.stacks``) whatever differs between stacks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import http.client
 import os
 import signal
@@ -27,15 +29,25 @@ import ssl
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import psutil
-
 from chaos import netproxy
+from chaos.nodes import alive as alive  # the providers' liveness check, where the tests find it
+from chaos.nodes import (
+    alive_where,
+    kill_where,
+    lose_node,
+    node_label,
+    node_of,
+    restart_where,
+    signal_where,
+)
+from chaos.refusal import CUT
 from chaos.targets import Target, load_target, target_path, write_target
+from harness.schema import JsonlWriter, RequestRecord
 from harness.stacks.clients import client_for
-from harness.stacks.processes import kill_tree
 from harness.stacks.registry import stack_kind
 from harness.stacks.spec import StackName
 from harness.stacks.stack import Fault, Restore
@@ -56,21 +68,14 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
-def alive(pid: int) -> bool:
-    """Running or stopped, not gone and not a zombie waiting to be reaped."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def live_pids(target: Target) -> dict[str, list[int]]:
     """Process ids by role now: asked of the stack's cluster when this process is attached to
-    it (Serve replaces actors it loses, with new pids); otherwise the target file's, alive."""
+    it (Serve replaces actors it loses, with new pids); otherwise the target file's, alive
+    where they run."""
     found = target.kind.cluster_pids()
     if found is not None:
         return found
-    return {role: [p for p in pids if alive(p)] for role, pids in target.pids.items()}
+    return {role: [p for p in pids if alive_where(target, p)] for role, pids in target.pids.items()}
 
 
 def baseline_pids(app: str) -> dict[str, list[int]]:
@@ -92,7 +97,7 @@ def _replica_urls(target: Target, role: str, pid: int) -> list[str]:
     return urls
 
 
-def _role(target: Target, role: str) -> str:
+def target_role(target: Target, role: str) -> str:
     """``engine`` names the engine replicas of either stack (``replica`` on the zero-layer)."""
     return target.engine_role if role == "engine" else role
 
@@ -118,16 +123,18 @@ def kill(role: str, index: int = 0, configuration: dict[str, Any] | None = None)
     """pod-kill: SIGKILL the ``index``-th live process of ``role`` and what it started (no clean
     shutdown; a replica's vLLM engine core dies with it, as a pod's containers do)."""
     target = load_target(configuration)
-    role = _role(target, role)
+    role = target_role(target, role)
     pid = _pick(target, role, index)
     if pid is None:
         return _absent(target, role)
     t_ns = _now_ns()
-    killed = kill_tree(pid)
+    node = node_of(target, pid)
+    killed = kill_where(target, pid)
     return {
         "fault": Fault.KILL,
         "role": role,
         "pids": [pid],
+        "node": node_label(node),
         "killed": killed,
         "urls": _replica_urls(target, role, pid),
         "t_ns": t_ns,
@@ -142,25 +149,32 @@ def pause(
 ) -> dict[str, Any]:
     """pod-failure: SIGSTOP one process of ``role`` for ``duration_s``, then SIGCONT (always)."""
     target = load_target(configuration)
-    role = _role(target, role)
+    role = target_role(target, role)
     pid = _pick(target, role, index)
     if pid is None:
         return _absent(target, role)
     t_ns = _now_ns()
-    os.kill(pid, signal.SIGSTOP)
+    node = node_of(target, pid)
+    signal_where(target, pid, signal.SIGSTOP)
     try:
         time.sleep(duration_s)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        signal_where(target, pid, signal.SIGCONT)
     return {
         "fault": Fault.PAUSE,
         "role": role,
         "pids": [pid],
+        "node": node_label(node),
         "urls": _replica_urls(target, role, pid),
         "t_ns": t_ns,
         "end_ns": _now_ns(),
     }
+
+
+def node_loss(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Node loss: one worker node hosting an engine replica of the stack leaves the Ray
+    cluster as a lost machine does (``chaos.nodes.lose_node``; a stack on one host: absent)."""
+    return lose_node(load_target(configuration))
 
 
 def resume_all(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -169,8 +183,7 @@ def resume_all(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
     resumed = []
     for pids in live_pids(target).values():
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+            if signal_where(target, pid, signal.SIGCONT):
                 resumed.append(pid)
     return {"resumed": sorted(resumed)}
 
@@ -241,7 +254,12 @@ def _health_conn(url: str, tls_ca: str) -> http.client.HTTPConnection:
 
 
 def _wait_listening(
-    url: str, deadline: float, tls_ca: str = "", path: str = "/health", api_key: str | None = None
+    url: str,
+    deadline: float,
+    tls_ca: str = "",
+    path: str = "/health",
+    api_key: str | None = None,
+    poll_s: float = READY_POLL_S,
 ) -> bool:
     """Until ``GET path`` on ``url`` answers 200 over HTTP/1.1, or the deadline passes.
 
@@ -260,7 +278,7 @@ def _wait_listening(
             pass
         finally:
             conn.close()
-        time.sleep(READY_POLL_S)
+        time.sleep(poll_s)
     return False
 
 
@@ -280,9 +298,9 @@ def restart_replicas(
     if kind.restore is not Restore.BY_COMMAND:
         return {"restarted": restarted, "t_ns": _now_ns()}
     for spec in target.replicas:
-        if alive(spec.pid):
+        if alive_where(target, spec.pid):
             continue
-        pid = kind.restart(spec.command, spec.log_path or os.devnull)
+        pid = restart_where(target, spec, spec.log_path or os.devnull)
         old, spec.pid = spec.pid, pid
         role = target.pids[kind.engine_role]
         target.pids[kind.engine_role] = [p if p != old else pid for p in role]
@@ -339,45 +357,78 @@ def _pressure_client(target: Target, index: int) -> tuple[str, ZeroLayerClient |
     return url, client_for("h2", [url], tls_ca, max_retries=0, health_interval_s=0, api_key=key)
 
 
+@dataclasses.dataclass
+class _Pressure:
+    """What a KV-pressure run sends: ``requests`` of one shape, one every ``ramp_s / requests``
+    seconds, held (after the first send) for ``hold_s``."""
+
+    requests: int
+    prompt_tokens: int
+    max_tokens: int
+    hold_s: float
+    ramp_s: float
+    deadline_ms: int
+
+
+async def _press_one(
+    client: ZeroLayerClient | Http1Client,
+    rec: RequestRecord,
+    prompt: str,
+    pressure: _Pressure,
+    done: list[RequestRecord],
+) -> None:
+    """One pressure request, its record kept whatever happens (cut: ``refusal.CUT``)."""
+    from harness.loaders.senders import copy_timing
+    from zerolayer.client import ZeroLayerError
+
+    rec.dispatch_ns = _now_ns()
+    stream = client.stream(prompt=prompt, max_tokens=pressure.max_tokens, session=rec.session,
+                           deadline_ms=pressure.deadline_ms)  # fmt: skip
+    try:
+        async with stream as s:
+            async for _ in s:
+                pass
+    except ZeroLayerError:
+        pass
+    except asyncio.CancelledError:
+        copy_timing(stream.timing, rec, 0)
+        rec.outcome, rec.error_code, rec.refused_ns = "error", CUT, 0
+        rec.end_ns = rec.end_ns or _now_ns()
+        done.append(rec)
+        raise
+    copy_timing(stream.timing, rec, 0)
+    done.append(rec)
+
+
 async def _pressure(
-    target: Target,
-    index: int,
-    requests: int,
-    prompt_tokens: int,
-    max_tokens: int,
-    hold_s: float,
-    deadline_ms: int,
-) -> dict[str, Any]:
+    target: Target, index: int, pressure: _Pressure
+) -> tuple[dict[str, Any], list[RequestRecord]]:
     from harness.workload import make_prompt
     from serving.wire.tokens import BYTES_PER_TOKEN
-    from zerolayer.client import ZeroLayerError
 
     session = f"kv-pressure-{index}"
     url, client = _pressure_client(target, index)
-    outcomes: dict[str, int] = {}
-
-    async def one(i: int) -> None:
-        prompt = make_prompt(f"{session}-{i}", prompt_tokens * BYTES_PER_TOKEN)
-        code = "completed"
-        try:
-            async with client.stream(
-                prompt=prompt, max_tokens=max_tokens, session=session, deadline_ms=deadline_ms
-            ) as stream:
-                async for _ in stream:
-                    pass
-        except ZeroLayerError as exc:
-            code = exc.code
-        outcomes[code] = outcomes.get(code, 0) + 1
-
+    gap_s = pressure.ramp_s / max(1, pressure.requests)
+    prompts = [make_prompt(f"{session}-{i}", pressure.prompt_tokens * BYTES_PER_TOKEN)
+               for i in range(pressure.requests)]  # fmt: skip
+    done: list[RequestRecord] = []
     async with client:
-        tasks = [asyncio.create_task(one(i)) for i in range(requests)]
-        _, pending = await asyncio.wait(tasks, timeout=hold_s)
+        t0 = time.monotonic()
+        t0_ns = _now_ns()
+        tasks = []
+        for i, prompt in enumerate(prompts):
+            await asyncio.sleep(max(0.0, t0 + i * gap_s - time.monotonic()))
+            rec = RequestRecord(f"{session}-{i}", target.stack, "kv_pressure", "chaos",
+                                t0_ns + int(i * gap_s * 1e9), session=session,
+                                prompt_tokens=pressure.prompt_tokens)  # fmt: skip
+            tasks.append(asyncio.create_task(_press_one(client, rec, prompt, pressure, done)))
+        await asyncio.wait(tasks, timeout=max(0.0, t0 + pressure.hold_s - time.monotonic()))
+        pending = [t for t in tasks if not t.done()]
         for task in pending:
             task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-    outcomes["cancelled_at_end"] = len(pending)
-    return {"url": url, "session": session, "outcomes": outcomes}
+        await asyncio.gather(*tasks, return_exceptions=True)
+    outcomes = Counter(r.error_code or r.outcome for r in done)
+    return {"url": url, "session": session, "outcomes": dict(outcomes)}, done
 
 
 def kv_pressure(
@@ -386,20 +437,28 @@ def kv_pressure(
     prompt_tokens: int = 1500,
     max_tokens: int = 1024,
     hold_s: float = 5.0,
+    ramp_s: float = 1.0,
     deadline_ms: int = 30_000,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """KV pressure: ``requests`` long requests pinned to one replica for ``hold_s``, then cut.
+    """Rising KV pressure: ``requests`` long requests of one shape pinned to one replica, sent
+    one after another over ``ramp_s``, held for ``hold_s`` from the first, then cut.
 
     Zero-layer: straight to the ``index``-th replica (no retries elsewhere). Baseline: through
     the front door with one session, which the consistent-hash router keeps on one replica.
-    What is still running after ``hold_s`` is cancelled, which frees its KV.
+    What is still running after ``hold_s`` is cancelled, which frees its KV. Each request's
+    record goes to ``configuration["refusals_path"]`` when set (``chaos.refusal`` reads it).
     """
     target = load_target(configuration)
+    pressure = _Pressure(requests, prompt_tokens, max_tokens, hold_s, ramp_s, deadline_ms)
     t_ns = _now_ns()
-    result = asyncio.run(
-        _pressure(target, index, requests, prompt_tokens, max_tokens, hold_s, deadline_ms)
-    )
+    result, records = asyncio.run(_pressure(target, index, pressure))
+    end_ns = _now_ns()
+    path = (configuration or {}).get("refusals_path")
+    if path:
+        with JsonlWriter(path) as out:
+            out.write_many(sorted(records, key=lambda r: r.intended_start_ns))
     urls = [result["url"]] if target.kind.client_routes else []
     return {"fault": Fault.KV_PRESSURE, "role": target.engine_role, "urls": urls, "t_ns": t_ns,
-            "end_ns": _now_ns(), **result}  # fmt: skip
+            "end_ns": end_ns, "request_tokens": prompt_tokens + max_tokens,
+            "ramp_s": ramp_s, **result}  # fmt: skip

@@ -6,13 +6,18 @@ Declared in an experiment as ``{"name": "load", "provider": {"type": "python",
 sampler starts, and both run for a warm-up so the first hypothesis has a full SLI window. The
 method and rollbacks are marked as phases (``fault``, ``recovery``) in ``phases.jsonl``. After
 the experiment (rollbacks included): a tail of load, then the load stops and every request still
-in flight ends as completed, error or lost, and telemetry stops.
+in flight ends as completed, error or lost, and telemetry stops. The host's CPU from the start of
+the load to the fault (the steady state the fault met) goes into the journal as
+``zl_host_steady`` (``cpu_pct``, ``busiest_cpu_pct``), for the trial's validity.
 
 The load is bounded in time (``load_max_s``) and count (its schedule), and stops at the next
 arrival once asked to. Everything is configured through Chaos Toolkit ``configuration`` keys
 (set by ``chaos.runner``): ``target_file``, ``requests_path``, ``telemetry_path``,
 ``phases_path``, ``sdk_health_path``, ``scale``, ``seed``, ``load_rate``, ``load_deadline_ms``,
-``load_max_s``, ``warmup_s``, ``tail_s``, ``health_interval_s``, ``health_timeout_s``.
+``load_max_s``, ``warmup_s``, ``tail_s``, ``health_interval_s``, ``health_timeout_s``; profile
+G's runner (``chaos.elastic_runner``) adds ``profile`` (the load's profile, D's by default),
+``discovery_file`` and ``discovery_interval_s`` (the zero-layer SDK then takes its replicas
+from that file, and writes each change of them to ``sdk_changes_path``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, overload
 
+import psutil
+
 from chaos.actions import live_pids
 from chaos.targets import Target, load_target
 from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
@@ -38,10 +45,12 @@ from harness.telemetry import (
     Component,
     EngineSource,
     EngineTarget,
+    HostCpu,
     PhaseLog,
     ProcessSource,
     Sampler,
     Source,
+    host_cpu_between,
 )
 from harness.telemetry.process import ROLES
 from harness.workload import PlannedRequest, build_schedule
@@ -49,6 +58,12 @@ from zerolayer.client import Http1Client, ZeroLayerClient
 
 PROFILE: Final = "d_fault"
 HEALTH_WATCH_S: Final = 0.02
+
+
+def psutil_cpu_times() -> list[Any]:
+    return list(psutil.cpu_times(percpu=True))
+
+
 TELEMETRY_INTERVAL_S: Final = 0.25
 STOP_MARGIN_S: Final = 10.0
 
@@ -88,8 +103,9 @@ class StoppableSchedule(Sequence[PlannedRequest]):
 
 
 def chaos_profile(conf: dict[str, Any]) -> Profile:
-    """Profile D at the configured scale, with the chaos run's rate, deadline and time bound."""
-    base = load_profile(PROFILE, conf.get("scale", "smoke"), conf.get("seed"))
+    """Profile D (or ``conf["profile"]``) at the configured scale, with the chaos run's rate,
+    deadline and time bound."""
+    base = load_profile(conf.get("profile", PROFILE), conf.get("scale", "smoke"), conf.get("seed"))
     rate = float(conf.get("load_rate", base.rate))
     max_s = float(conf.get("load_max_s", 120.0))
     deadline = int(conf.get("load_deadline_ms", base.classes[0].deadline_ms))
@@ -152,6 +168,9 @@ class BackgroundLoad:
         if self.target.protocol == "h2":
             options["health_interval_s"] = float(self.conf.get("health_interval_s", 1.0))
             options["health_timeout_s"] = float(self.conf.get("health_timeout_s", 0.5))
+            if self.conf.get("discovery_file"):
+                options["discovery"] = self.conf["discovery_file"]
+                options["discovery_interval_s"] = float(self.conf["discovery_interval_s"])
         tls_ca = Path(self.target.tls_ca) if self.target.tls_ca else None
         return client_for(self.target.protocol, self.target.load_urls, tls_ca, **options)
 
@@ -165,9 +184,9 @@ class BackgroundLoad:
                 out.write({"t_ns": time.time_ns(), "url": url, "up": up})
             while True:
                 await asyncio.sleep(HEALTH_WATCH_S)
-                for url in client.replicas:
+                for url in list(client.replicas):  # a replica may join or leave (profile G)
                     up = client.is_up(url)
-                    if up != state[url]:
+                    if up != state.get(url):
                         state[url] = up
                         out.write({"t_ns": time.time_ns(), "url": url, "up": up})
 
@@ -179,7 +198,7 @@ class BackgroundLoad:
                     self.schedule,
                     client_sender(client, target_credentials(self.target)),
                     stack=self.target.stack,
-                    profile=PROFILE,
+                    profile=self.profile.name,
                     records_path=self.records_path,
                     grace_s=DEFAULT_GRACE_S,
                     progress=None,
@@ -187,6 +206,15 @@ class BackgroundLoad:
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
+                self._write_changes(client)
+
+    def _write_changes(self, client: ZeroLayerClient | Http1Client) -> None:
+        """The SDK's replica-set changes (discovery), when asked for (``sdk_changes_path``)."""
+        path = self.conf.get("sdk_changes_path")
+        if path and isinstance(client, ZeroLayerClient):
+            with JsonlWriter(Path(path)) as out:
+                for change in client.changes:
+                    out.write(change)
 
     def _main(self) -> None:
         try:
@@ -232,6 +260,8 @@ class _Running:
     load: BackgroundLoad
     sampler: Sampler | None
     phases: PhaseLog | None
+    cpu_at_start: list[Any] = dataclasses.field(default_factory=psutil_cpu_times)
+    host_steady: HostCpu | None = None
 
 
 _running: _Running | None = None
@@ -262,6 +292,8 @@ def before_experiment_control(
 
 
 def before_method_control(context: dict[str, Any], **_: Any) -> None:
+    if _running is not None:
+        _running.host_steady = host_cpu_between(_running.cpu_at_start, psutil_cpu_times())
     if _running is not None and _running.phases is not None:
         _running.phases.begin("fault")
         _running.phases.fault("method", "start")
@@ -286,6 +318,10 @@ def after_experiment_control(
         return
     if running.phases is not None:
         running.phases.begin("tail")
+    if state is not None and running.host_steady is not None:
+        host = running.host_steady
+        state["zl_host_steady"] = {"cpu_pct": round(host.cpu_pct, 1),
+                                   "busiest_cpu_pct": round(host.busiest_cpu_pct, 1)}  # fmt: skip
     try:
         time.sleep(float((configuration or {}).get("tail_s", 1.0)))
         result = running.load.stop()

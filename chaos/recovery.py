@@ -18,24 +18,38 @@ Definitions (docs/design.md, "Chaos"), with the SLI of ``chaos.probes`` evaluate
 
 What differs between stacks is asked of the target's stack kind (``Target.kind``).
 
-The fault window runs from the fault start to recovery (or, when the SLI never broke, to the
-end of the method).
+The fault window of these SLI figures runs from the fault start to recovery (or, when the SLI
+never broke, to the end of the method). Each row also carries the errors and retries of the
+fault's window against the steady state before it (``chaos.windows``: until the rollbacks made
+the stack whole again), the trial (repeat) it was, and for KV pressure the refusal figures
+(``chaos.refusal``). A fault on a component the stack does not have is not run: its row says
+``NO_SUCH_COMPONENT`` (:func:`absent_row`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from chaos.probes import NS, SliSeries, Verdict
+from chaos.refusal import RefusalTrial
 from chaos.targets import Target
+from chaos.windows import WindowCounts, faulted, steady
+from harness.metrics import lag_reason, summarize
 from harness.schema import RequestRecord, read_jsonl, read_requests
+from harness.stacks.registry import stack_kind
 from harness.stacks.stack import Fault
+from harness.validity import host_cpu_problem, host_speed_problem
 
 STEP_S: Final = 0.05
+NO_SUCH_COMPONENT: Final = "no such component"
+# The experiments the claims judge (``bench.report.claims.faults``, ``judged``).
+KV_PRESSURE: Final = "kv-pressure-one-replica"
+KILL_REPLICA: Final = "kill-engine-replica"
+KILL_ORCHESTRATOR: Final = "kill-orchestrator"
 FRONT_ROLES: Final = frozenset({"orchestrator", "proxy", "controller"})
 # Faults on the network proxy: in front of a front door, they reach every replica behind it.
 NETWORK_FAULTS: Final = frozenset({Fault.DELAY, Fault.PARTITION})
@@ -70,6 +84,65 @@ class Recovery:
     sli_min: float | None
     note: str = ""
     engine_replicas: int = 0
+    trial: int = 0
+    steady: WindowCounts = field(default_factory=WindowCounts)
+    faulted: WindowCounts = field(default_factory=WindowCounts)
+    refusal: RefusalTrial | None = None
+    loader_lag: str = ""
+    host_cpu_pct: float | None = None
+    host_busiest_cpu_pct: float | None = None
+    host_speed: float | None = None
+
+    @property
+    def absent(self) -> bool:
+        """The fault had nothing to act on: the stack has no such component."""
+        return self.status == NO_SUCH_COMPONENT
+
+
+# Chaos Toolkit's statuses of an experiment that ran to its end: ``failed`` says the stack had
+# not recovered when the after-hypothesis was checked, a finding about the stack.
+RAN: Final = frozenset({"completed", "failed"})
+
+
+def trial_problems(
+    row: Recovery, reference_speed: float | None = None, *, load_lag: bool = True
+) -> list[str]:
+    """Why one run of an experiment may not decide a claim (empty when it may): it did not run
+    to its end, the stack was not steady before the fault, a rollback failed, requests were
+    lost, the background load lagged its schedule (unless ``load_lag`` is False: a figure the
+    background load does not measure), the host was saturated before the fault (from the load's
+    start to the fault: a stack already starved, not the fault's own cost) or not measured, or
+    its speed moved (``harness.validity``'s host checks, on the experiment's own figures)."""
+    if row.absent:
+        return [row.note]
+    problems = []
+    if row.status not in RAN:
+        problems.append(f"the experiment ended {row.status}")
+    if row.hypothesis_before is not True:
+        problems.append("the steady state did not hold before the fault")
+    if not row.rollbacks_ok:
+        problems.append("a rollback failed")
+    if row.lost:
+        problems.append(f"{row.lost} requests lost (no answer by deadline + grace)")
+    if row.loader_lag and load_lag:
+        problems.append(row.loader_lag)
+    host = host_cpu_problem(row.host_cpu_pct, row.host_busiest_cpu_pct)
+    speed = host_speed_problem(row.host_speed, reference_speed)
+    return problems + [p for p in (host, speed) if p]
+
+
+def absent_row(stack: str, experiment: str, role: str, trial: int = 0) -> Recovery:
+    """The row of an experiment whose fault targets a component ``stack`` does not have: not
+    run, every figure empty, said so (never a silent zero)."""
+    return Recovery(
+        stack=stack, experiment=experiment, fault="absent", status=NO_SUCH_COMPONENT,
+        hypothesis_before=None, hypothesis_after=None, rollbacks_ok=True, requests=0,
+        completed=0, failed=0, lost=0, bad=0, time_to_detect_s=None, time_to_recover_s=None,
+        sdk_reroute_s=None, error_budget_burn=0.0, blast_radius_requests=0.0,
+        blast_radius_replicas=0.0, replicas_affected=[], fault_start_ns=0, fault_end_ns=0,
+        sli_before=None, sli_min=None, trial=trial,
+        note=f"the {stack} stack has no {role}: the fault has nothing to act on, not run",
+    )  # fmt: skip
 
 
 def _iso_ns(value: str | None) -> int:
@@ -91,6 +164,26 @@ def fault_window(journal: dict[str, Any]) -> tuple[int, int, str, list[dict[str,
     ends = [o.get("end_ns") or o.get("t_ns", 0) for o in outputs] + [_iso_ns(runs[-1].get("end"))]
     kinds = [str(o.get("fault", "")) for o in outputs if o.get("fault")]
     return min(starts), max(ends), "+".join(kinds) or "none", outputs
+
+
+def front_kill(stack: str) -> str:
+    """The experiment that kills the component a stack's clients talk to: the replica the SDK
+    talks to where clients route themselves (zero-layer), else the orchestrator behind the
+    front door."""
+    return KILL_REPLICA if stack_kind(stack).client_routes else KILL_ORCHESTRATOR
+
+
+def judged(stack: str) -> frozenset[str]:
+    """The experiments the claims judge a stack on, run in every trial: KV pressure, and the
+    kill of what its clients talk to (:func:`front_kill`)."""
+    return frozenset({KV_PRESSURE, front_kill(stack)})
+
+
+def whole_again_ns(journal: dict[str, Any], fault_end_ns: int) -> int:
+    """When the stack was whole again: the end of the last rollback (they run always, the last
+    waits for the stack), else the fault's end."""
+    ends = [_iso_ns(r.get("end")) for r in journal.get("rollbacks", [])]
+    return max([fault_end_ns, *ends])
 
 
 def _replica_key(url: str, target: Target) -> str:
@@ -171,7 +264,7 @@ def compute(
     sli_target: float,
     sdk_health: Sequence[dict[str, Any]] = (),
 ) -> Recovery:
-    """The recovery row for one experiment (see the module docstring for definitions)."""
+    """One experiment's recovery row (the module docstring); its trial and refusal: the caller's."""
     series = SliSeries.from_records(records, slo_ttft_ms)
     start, end, fault, outputs = fault_window(journal)
     log_end = series.known[-1] if series.known else end
@@ -192,7 +285,7 @@ def compute(
     rollbacks = journal.get("rollbacks", [])
     reroute_urls = [u for o in outputs for u in o.get("urls", [])]
     note = "; ".join(str(o["note"]) for o in outputs if o.get("note"))
-    return Recovery(
+    row = Recovery(
         stack=target.stack,
         experiment=experiment,
         fault=fault,
@@ -219,6 +312,23 @@ def compute(
         sli_min=low,
         note=note,
     )
+    return _with_trial_figures(row, records, journal)
+
+
+def _with_trial_figures(
+    row: Recovery, records: Sequence[RequestRecord], journal: dict[str, Any]
+) -> Recovery:
+    """The row with what a trial of it needs: errors and retries in the fault's window against
+    the steady state, the background load's lag, and the host's CPU before the fault."""
+    start = row.fault_start_ns
+    if start:
+        row.steady = steady(records, start)
+        row.faulted = faulted(records, start, whole_again_ns(journal, row.fault_end_ns))
+    row.loader_lag = (lag_reason(summarize(records)) or "") if records else ""
+    host = journal.get("zl_host_steady") or {}
+    row.host_cpu_pct = host.get("cpu_pct")
+    row.host_busiest_cpu_pct = host.get("busiest_cpu_pct")
+    return row
 
 
 def _before(journal: dict[str, Any]) -> bool | None:

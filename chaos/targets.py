@@ -38,6 +38,7 @@ class ReplicaSpec:
     port: int
     command: list[str]
     log_path: str = ""
+    node_id: str = ""  # the Ray node it runs on (a stack placed on a cluster)
 
 
 @dataclass
@@ -50,14 +51,17 @@ class Target:
     replica be restarted on its port. ``netproxy`` is the proxy's control address
     (``host:port``) and ``netproxy_front`` what it stands in front of. ``tls_ca`` is the
     certificate to trust on a TLS stack; ``engine_metrics`` (zero-layer ``/metrics`` URLs) and
-    ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry.
+    ``engine_stats_files`` (the baseline's published engine stats) feed engine telemetry;
+    ``kv_watch_dir`` is where the stack's engine hosts stamp their KV under pressure
+    (``serving.engine.kvwatch``; empty where they do not).
     ``baseline_app`` says whose Ray actors the baseline's pids are: ``orchestrator`` (ours) or
     ``llm`` (Ray Serve LLM); ``health_path`` what answers 200 on ``health_url`` once the stack
     serves (Ray Serve LLM's OpenAI app has no ``/health``: ``/v1/models``). ``api_keys`` (tenant
     -> API key, the first also the key of requests naming no tenant) and ``api_key_file`` (what
     the stack started with) are set when the stack authenticates tenants (``zl-bench run
     --auth``); the keys stay out of ``repr`` so that no log shows them, and the file this is
-    written to is the owner's alone, like the key file.
+    written to is the owner's alone, like the key file. ``ray_address``: the stack is placed on
+    that Ray cluster, and its processes are acted on where they run (``chaos.nodes``).
     """
 
     stack: str
@@ -73,10 +77,12 @@ class Target:
     tls_ca: str = ""
     engine_metrics: list[str] = field(default_factory=list)
     engine_stats_files: list[str] = field(default_factory=list)
+    kv_watch_dir: str = ""
     baseline_app: str = ""
     health_path: str = "/health"
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
     api_key_file: str = ""
+    ray_address: str = ""
 
     @property
     def default_api_key(self) -> str | None:

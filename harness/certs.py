@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -16,8 +17,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def self_signed(directory: str | Path, days: int = 2) -> tuple[Path, Path]:
-    """Write ``cert.pem`` and ``key.pem`` for localhost/127.0.0.1/::1; return their paths."""
+def self_signed(directory: str | Path, days: int = 2, ips: Sequence[str] = ()) -> tuple[Path, Path]:
+    """Write ``cert.pem`` and ``key.pem`` for localhost/127.0.0.1/::1 and ``ips`` (the
+    addresses of a Ray cluster's nodes the replicas listen on); return their paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -27,6 +29,7 @@ def self_signed(directory: str | Path, days: int = 2) -> tuple[Path, Path]:
         x509.DNSName("localhost"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(ips)),
     ]
     cert = (
         x509.CertificateBuilder()

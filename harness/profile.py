@@ -6,7 +6,9 @@ percentile, e.g. ``ttft_p99_ms = 500``; a scale may override them) and, per scal
 duration, connection count and a sweep's budget (``sweep_duration_s`` per point, and
 ``sweep_repeats`` per rate). ``[workload]`` (a scale may override it under
 ``[scales.X.workload]``) chooses where requests come from: the classes (synthetic), a ShareGPT
-or trace file, or generated multi-turn sessions (``WorkloadSpec``).
+or trace file, or generated multi-turn sessions (``WorkloadSpec``). A scale may set its own
+session count (``sessions``); profile D carries ``[chaos]`` settings, profile G
+``[elasticity]`` (``harness.elastic_settings``).
 Both stacks run the same profile, so everything that defines a run's load lives here and is
 validated strictly: an unknown key is an error, not a silently ignored typo.
 """
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from harness.elastic_settings import ElasticSettings
 from harness.metrics import Slo, parse_slo
 from serving.wire.contract import MAX_DEADLINE_MS, MAX_OUTPUT_TOKENS, PRIORITIES
 from serving.wire.tokens import BYTES_PER_TOKEN
@@ -32,7 +35,11 @@ PROFILES: Final = (
     "d_fault",
     "e_multi_turn",
     "f_shared_prefix",
+    "g_elasticity",
 )
+# What ``zl-bench run`` (and ``nox -s bench``) runs when no profile is named: all but G, whose
+# replica changes on both stacks, three trials each, would not fit the 15-minute laptop run.
+DEFAULT_PROFILES: Final = PROFILES[:6]
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 SCALES: Final = ("smoke", "laptop", "seed")
 DEFAULT_SCALE: Final = "laptop"
@@ -49,6 +56,7 @@ _TOP_KEYS = {
     "scales",
     "fault",
     "chaos",
+    "elasticity",
     "slo",
     "workload",
 }
@@ -74,6 +82,8 @@ _SCALE_KEYS = {
     "sweep_duration_s",
     "sweep_repeats",
     "workload",
+    "elasticity",
+    "sessions",
 }
 DEFAULT_SWEEP_DURATION_S: Final = 10.0
 DEFAULT_SWEEP_REPEATS: Final = 3
@@ -258,8 +268,10 @@ class ChaosSettings:
 
     The background load is the profile's own (rate, classes); ``deadline_ms`` replaces its
     deadline so that a request held through a fault and its recovery is answered, not lost.
-    KV pressure asks for ``kv_fill`` times one engine replica's KV cache, in ``kv_requests``
-    requests of ``kv_max_tokens`` output each (``kv_prompt_tokens`` when the KV size is unknown).
+    KV pressure's prompts ask for ``kv_fill`` times one engine replica's KV cache, in
+    ``kv_requests`` requests of ``kv_max_tokens`` output each (prompts of ``kv_prompt_tokens``
+    when the KV size is unknown), sent one after another over ``kv_ramp_s`` and held
+    ``kv_hold_s`` from the first.
     """
 
     warmup_s: float
@@ -273,6 +285,7 @@ class ChaosSettings:
     pause_s: float
     load_max_s: float
     kv_hold_s: float
+    kv_ramp_s: float
     kv_requests: int
     kv_fill: float
     kv_max_tokens: int
@@ -281,36 +294,21 @@ class ChaosSettings:
     health_timeout_s: float
 
 
-_CHAOS_FIELDS: Final = {
-    "warmup_s": float,
-    "tail_s": float,
-    "settle_s": float,
-    "window_s": float,
-    "slo_ttft_ms": float,
-    "sli_target": float,
-    "deadline_ms": int,
-    "recover_timeout_s": float,
-    "pause_s": float,
-    "load_max_s": float,
-    "kv_hold_s": float,
-    "kv_requests": int,
-    "kv_fill": float,
-    "kv_max_tokens": int,
-    "kv_prompt_tokens": int,
-    "health_interval_s": float,
-    "health_timeout_s": float,
-}
+Settings = TypeVar("Settings", ChaosSettings, ElasticSettings)
 
 
-def _chaos(where: str, raw: dict[str, Any]) -> ChaosSettings:
-    _unknown(where, raw, set(_CHAOS_FIELDS))
-    missing = set(_CHAOS_FIELDS) - set(raw)
+def _settings(cls: type[Settings], where: str, raw: dict[str, Any]) -> Settings:
+    """A settings table (``[chaos]``, ``[elasticity]``) with the scale's overrides: every
+    field of ``cls`` given, each a positive number of its type, an SLI target at most 1."""
+    kinds = {f.name: int if f.type == "int" else float for f in fields(cls)}
+    _unknown(where, raw, set(kinds))
+    missing = set(kinds) - set(raw)
     if missing:
         raise ValueError(f"{where}: missing keys {sorted(missing)}")
-    values = {k: _positive(f"{where} {k}", raw[k], kind) for k, kind in _CHAOS_FIELDS.items()}
+    values = {k: _positive(f"{where} {k}", raw[k], kind) for k, kind in kinds.items()}
     if values["sli_target"] > 1:
         raise ValueError(f"{where} sli_target must be at most 1, got {values['sli_target']}")
-    return ChaosSettings(**values)
+    return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +331,7 @@ class Profile:
     seed: int
     fault: Fault | None = None
     chaos: ChaosSettings | None = None
+    elasticity: ElasticSettings | None = None
     slos: tuple[Slo, ...] = ()
     sweep_duration_s: float = DEFAULT_SWEEP_DURATION_S
     sweep_repeats: int = DEFAULT_SWEEP_REPEATS
@@ -400,11 +399,17 @@ def load_raw(source: str | Path) -> dict[str, Any]:
     path = Path(source)
     if path.suffix != ".toml":
         path = PROFILE_DIR / f"{resolve_name(str(source))}.toml"
-    raw = tomllib.loads(path.read_text())
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"profile {path} does not read as TOML ({exc})") from None
     _unknown(str(path), raw, _TOP_KEYS)
+    raw.setdefault("name", path.stem)  # a file of the user's own may leave it out
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
+    if not isinstance(parent, str):
+        raise ValueError(f"{path}: extends names a profile, got {parent!r}")
     base = load_raw(parent)
     for key in ("name", "title", "description"):
         base.pop(key, None)
@@ -528,10 +533,21 @@ def _fault(raw: dict[str, Any], sc: dict[str, Any], scale: str, duration: float)
     return fault
 
 
+def _table(
+    cls: type[Settings], key: str, raw: dict[str, Any], sc: dict[str, Any], where: str
+) -> Settings | None:
+    """The profile's ``[key]`` settings with the scale's over them; None without the table."""
+    if key not in raw and key not in sc:
+        return None
+    return _settings(cls, f"{where} {key}", _merge(raw.get(key, {}), sc.get(key, {})))
+
+
 def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = None) -> Profile:
     """Validate a raw profile and resolve it at ``scale``; ``seed`` overrides the file's."""
     sc = _scale_section(raw, scale)
     name = raw.get("name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a profile's name must be a non-empty string, got {name!r}")
     defaults = raw.get("defaults", {})
     classes = _classes(raw, sc, scale)
     arrival = _arrival(raw)
@@ -541,10 +557,9 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         f"{name} {scale} max_requests", sc.get("max_requests", math.ceil(rate * duration)), int
     )
     fault = _fault(raw, sc, scale, duration)
-    chaos = None
-    if "chaos" in raw or "chaos" in sc:
-        chaos = _chaos(f"{name} {scale} chaos", _merge(raw.get("chaos", {}), sc.get("chaos", {})))
     tenants = defaults.get("tenants", ["default"])
+    if not isinstance(tenants, list) or not all(isinstance(t, str) and t for t in tenants):
+        raise ValueError(f"{name} defaults.tenants must be a list of names, got {tenants!r}")
     slo_raw = sc.get("slo", raw.get("slo", {}))
     sweep_s = sc.get("sweep_duration_s", min(duration, DEFAULT_SWEEP_DURATION_S))
     return Profile(
@@ -559,11 +574,14 @@ def build(raw: dict[str, Any], scale: str = DEFAULT_SCALE, seed: int | None = No
         process=arrival.get("process", "constant"),
         burstiness=_positive(f"{name} burstiness", arrival.get("burstiness", 1.0)),
         classes=classes,
-        sessions=_positive(f"{name} sessions", defaults.get("sessions", 64), int),
+        sessions=_positive(
+            f"{name} sessions", sc.get("sessions", defaults.get("sessions", 64)), int
+        ),
         tenants=tuple(str(t) for t in tenants) or ("default",),
         seed=int(seed if seed is not None else sc.get("seed", 0)),
         fault=fault,
-        chaos=chaos,
+        chaos=_table(ChaosSettings, "chaos", raw, sc, f"{name} {scale}"),
+        elasticity=_table(ElasticSettings, "elasticity", raw, sc, f"{name} {scale}"),
         slos=_slos(f"{name} slo", slo_raw),
         sweep_duration_s=_positive(f"{name} {scale} sweep_duration_s", sweep_s),
         sweep_repeats=_positive(

@@ -10,14 +10,14 @@ would not fit); the schedule then counts each prompt with the same rule.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from harness.profile import Profile
+from harness.profile import Profile, RequestClass, WorkloadSource
+from serving.engine.modeldir import read_model_dir
 from serving.engine.streams import detokenize, token_ids
 from serving.engine.tokenrules import TokenRule
 from serving.wire.tokens import BYTES_PER_TOKEN
@@ -25,15 +25,108 @@ from serving.wire.tokens import BYTES_PER_TOKEN
 
 def context_length(engine_options: Mapping[str, Any]) -> int | None:
     """The engine's context in tokens where it is known: ``max_model_len`` when given, else the
-    model directory's ``max_position_embeddings`` (vLLM's default), else None."""
+    model directory's own as vLLM derives it (``serving.engine.modeldir``), else None."""
     if engine_options.get("max_model_len"):
         return int(engine_options["max_model_len"])
     model = engine_options.get("model")
-    config = Path(str(model)) / "config.json" if model else None
-    if config is None or not config.is_file():
+    if not model or not (Path(str(model)) / "config.json").is_file():
         return None
-    positions = json.loads(config.read_text()).get("max_position_embeddings")
-    return int(positions) if positions else None
+    return read_model_dir(str(model), needs_tokenizer=False).context
+
+
+# -- profiles inside a context, before any tokenizer ------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    """A profile inside an engine's context: what is left of it (None: nothing fits) and a line
+    for each class refused or session cut."""
+
+    profile: Profile | None
+    lines: tuple[str, ...] = ()
+
+
+def _refused(profile: Profile, cls: RequestClass, why: str) -> str:
+    return f"{profile.name} class {cls.name}: refused ({why})"
+
+
+def _session_tokens(profile: Profile, cls: RequestClass, turn: int) -> int:
+    """About how many tokens turn ``turn`` of a generated session of ``cls`` needs: the shared
+    prefix, each earlier message and reply (a reply counted as its ``max_tokens``), its own
+    message, and its output."""
+    spec = profile.workload
+    message = spec.message_tokens or cls.prompt_tokens
+    return spec.prefix_tokens + turn * message + turn * cls.max_tokens
+
+
+def _session_turns(profile: Profile, cls: RequestClass, room: int) -> int:
+    """The most turns (up to the profile's) whose every prompt and output fit ``room``."""
+    turns = 0
+    while turns < profile.workload.max_turns and _session_tokens(profile, cls, turns + 1) <= room:
+        turns += 1
+    return turns
+
+
+def _fit_sessions(profile: Profile, context: int) -> ContextFit:
+    """Generated sessions cut to the turns that fit (a class none of whose turns fits is
+    refused), with a margin for the tokenizer's count of the history."""
+    room = math.floor(context * (1 - CLAMP_MARGIN))
+    turns = {c.name: _session_turns(profile, c, room) for c in profile.classes}
+    lines = [
+        _refused(profile, c, f"its first turn, about {_session_tokens(profile, c, 1)} tokens, "
+                 f"passes max_model_len {context}")
+        for c in profile.classes if turns[c.name] == 0
+    ]  # fmt: skip
+    kept = tuple(c for c in profile.classes if turns[c.name] > 0)
+    if not kept:
+        return ContextFit(None, tuple(lines))
+    most = min(turns[c.name] for c in kept)
+    spec = profile.workload
+    if most < spec.max_turns:
+        lines.append(
+            f"{profile.name} sessions: {spec.max_turns} turns -> {most} (turn {most + 1}, with "
+            f"its history and output, would pass about {room} tokens of max_model_len {context})"
+        )
+    workload = dataclasses.replace(spec, max_turns=most)
+    return ContextFit(dataclasses.replace(profile, classes=kept, workload=workload), tuple(lines))
+
+
+def fit_to_context(profile: Profile, context: int) -> ContextFit:
+    """``profile`` inside ``context`` tokens: each class whose output leaves no room for a
+    prompt refused, generated sessions cut to the turns that fit; prompts that are merely too
+    long are clamped later, under the tokenizer (:func:`class_fits`)."""
+    if profile.workload.source is WorkloadSource.SESSIONS:
+        return _fit_sessions(profile, context)
+    lines = tuple(
+        _refused(profile, c, f"max_tokens {c.max_tokens} leaves no room for a prompt in "
+                 f"max_model_len {context}")
+        for c in profile.classes if c.max_tokens >= context
+    )  # fmt: skip
+    kept = tuple(c for c in profile.classes if c.max_tokens < context)
+    return ContextFit(dataclasses.replace(profile, classes=kept) if kept else None, lines)
+
+
+def fit_profiles(
+    profiles: Sequence[Profile], context: int | None
+) -> tuple[list[Profile], list[str]]:
+    """The profiles inside ``context`` (all of them where it is unknown) and a line for each
+    class refused, session cut or profile left out; ValueError when none is left."""
+    if context is None:
+        return list(profiles), []
+    kept: list[Profile] = []
+    lines: list[str] = []
+    for profile in profiles:
+        fit = fit_to_context(profile, context)
+        lines += fit.lines
+        if fit.profile is None:
+            lines.append(
+                f"{profile.name}: left out, none of its classes fits max_model_len {context}"
+            )
+        else:
+            kept.append(fit.profile)
+    if not kept:
+        raise ValueError(f"no profile fits max_model_len {context}: {'; '.join(lines)}")
+    return kept, lines
 
 
 # -- synthetic classes under a real tokenizer ---------------------------------------------------

@@ -37,10 +37,14 @@ RULE: Final = (
 def host_problem(row: SummaryRow) -> str:
     """Why the host's CPU makes a trial the host's ('' when it does not): not measured, or
     every core or a single core at or above the bound."""
-    mean, busiest = row.host_cpu_pct, row.host_busiest_cpu_pct
+    return host_cpu_problem(row.host_cpu_pct, row.host_busiest_cpu_pct, row.host_saturated)
+
+
+def host_cpu_problem(mean: float | None, busiest: float | None, saturated: bool = False) -> str:
+    """``host_problem`` from the figures themselves (a chaos trial has no summary row)."""
     if mean is None:
         return "the host's CPU was not measured"
-    if row.host_saturated or mean >= SATURATED_PCT or (busiest or 0.0) >= SATURATED_PCT:
+    if saturated or mean >= SATURATED_PCT or (busiest or 0.0) >= SATURATED_PCT:
         shown = f", busiest core {busiest:.0f} %" if busiest is not None else ""
         return f"host saturated (CPU {mean:.0f} %{shown})"
     return ""
@@ -49,11 +53,16 @@ def host_problem(row: SummaryRow) -> str:
 def speed_problem(row: SummaryRow, reference: float | None) -> str:
     """Why the host's speed makes a trial incomparable ('' when it does not): not probed, or
     moved beyond ``SPEED_DIFFERS`` from ``reference`` (the run's first probe)."""
-    if row.host_speed is None:
+    return host_speed_problem(row.host_speed, reference)
+
+
+def host_speed_problem(speed: float | None, reference: float | None) -> str:
+    """``speed_problem`` from the probe's figure itself."""
+    if speed is None:
         return "the host's speed was not probed before the trial"
     if reference is None or reference <= 0:
         return ""
-    moved = row.host_speed / reference - 1.0
+    moved = speed / reference - 1.0
     if abs(moved) > SPEED_DIFFERS:
         return f"host speed moved {moved:+.0%} from the run's first probe"
     return ""

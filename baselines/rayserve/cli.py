@@ -16,8 +16,8 @@ import threading
 from baselines.rayserve.config import BASELINE_ROUTERS, BaselineRouter, orchestrator_router
 from baselines.rayserve.standup import start_baseline
 from serving.auth import read_key_file
-from serving.cliargs import Parser, fail, port, positive_int, readable_file
-from serving.engine import ENGINES
+from serving.cliargs import Parser, fail, non_negative_float, port, positive_int, readable_file
+from serving.engine import ENGINES, engine_kind
 from serving.engine.options import add_engine_option, validate_engine_options
 
 PROG = "zl-baseline"
@@ -44,6 +44,15 @@ def _parser() -> argparse.ArgumentParser:
         help="how Serve picks an engine replica: Ray's consistent hash on zl-session, or pow2 "
         "(power of two choices); prefix-aware needs Ray Serve LLM, so it is refused here",
     )
+    parser.add_argument(
+        "--stream-batching-ms",
+        type=non_negative_float,
+        default=None,
+        metavar="MS",
+        help="how long an engine replica gathers its engine's chunks before streaming them to "
+        "the ingress as one item (Ray Serve LLM's Batcher; 0: every engine step; default: Ray "
+        "Serve LLM's own, 50 ms)",
+    )
     parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster")
     parser.add_argument(
         "--throughput-optimized",
@@ -64,9 +73,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        options = validate_engine_options(args.engine, dict(args.engine_options))
+        fit = engine_kind(args.engine).fit_to_model(
+            validate_engine_options(args.engine, dict(args.engine_options))
+        )
     except ValueError as exc:
         return fail(PROG, str(exc))
+    options = fit.options
+    for note in fit.notes:
+        print(f"{PROG}: {note}", flush=True)
     try:
         router = orchestrator_router(args.router)
     except ValueError as exc:
@@ -85,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_address=args.ray_address,
         throughput_optimized=args.throughput_optimized,
         api_keys=args.api_keys,
+        stream_batching_interval_ms=args.stream_batching_ms,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own

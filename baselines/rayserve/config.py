@@ -20,6 +20,8 @@ POW2_ROUTER: Final = "ray.serve._private.request_router:PowerOfTwoChoicesRequest
 APP_NAME: Final = "zl-baseline"
 INGRESS_NAME: Final = "Orchestrator"
 ENGINE_NAME: Final = "EngineReplica"
+# Each engine replica's request log in the stats directory: ``engine-requests-<pid>.jsonl``.
+REQUESTS_PREFIX: Final = "engine-requests-"
 
 
 class BaselineRouter(StrEnum):
@@ -42,6 +44,15 @@ ORCHESTRATOR_PREFIX_AWARE: Final = (
     "the prefix-aware router is Ray Serve LLM's (zl-bench's baseline with --engine vllm): it "
     "matches prompt text, and the orchestrator baseline sends its engine replicas token counts"
 )
+
+
+def serve_llm_batching_ms() -> float:
+    """Ray Serve LLM's default stream batching interval (``MODEL_RESPONSE_BATCH_TIMEOUT_MS``, 50
+    ms unless its environment variable says otherwise): the interval a careful team running an
+    orchestrator of its own would take from the orchestrator Ray ships for LLMs."""
+    from ray.llm._internal.serve.constants import MODEL_RESPONSE_BATCH_TIMEOUT_MS
+
+    return float(MODEL_RESPONSE_BATCH_TIMEOUT_MS)
 
 
 def parse_router(name: str | BaselineRouter) -> BaselineRouter:
@@ -84,6 +95,11 @@ class BaselineConfig:
     health_check_timeout_s: float = 5.0
     graceful_shutdown_timeout_s: float = 5.0
     engine_max_ongoing_requests: int | None = None
+    # How long an engine replica gathers its engine's chunks before streaming them to the
+    # ingress as one item (Ray Serve LLM's Batcher; None: Ray Serve LLM's own default, 0: every
+    # engine step as its own item). Fewer items through Ray's handles cost less CPU; the first
+    # token waits for the first interval.
+    stream_batching_interval_ms: float | None = None
     ingress_replicas: int = 1
     ingress_max_ongoing_requests: int = 4096
     max_inflight: int | None = None
@@ -101,9 +117,15 @@ class BaselineConfig:
     # A key file (serving.auth): the ingress then authenticates every /v1 request and
     # keys the tenant budgets by the authenticated tenant; None trusts zl-tenant as sent.
     api_keys: str | None = None
+    # Ray resources each engine replica asks for beyond num_cpus=0: a custom resource naming
+    # the nodes a placement file puts them on (empty: wherever Serve places them).
+    engine_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.router = orchestrator_router(self.router)
+        batching = self.stream_batching_interval_ms
+        if batching is not None and batching < 0:
+            raise ValueError(f"the stream batching interval must be 0 ms or more, got {batching:g}")
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         # Checked here, before Ray starts, not inside a replica actor where it would surface
@@ -117,6 +139,13 @@ class BaselineConfig:
         engine's ``max_num_seqs``, else 1024."""
         modelled = engine_kind(self.engine).modelled_engine
         return modelled(self.engine_options).max_num_seqs if modelled is not None else 1024
+
+    @property
+    def batching_ms(self) -> float:
+        """The stream batching interval the engine replicas run with (the default resolved)."""
+        if self.stream_batching_interval_ms is not None:
+            return self.stream_batching_interval_ms
+        return serve_llm_batching_ms()
 
     @property
     def engine_ongoing(self) -> int:
@@ -185,11 +214,14 @@ class BaselineConfig:
             "http_host": self.host,
             "http_port": self.port,
             "engine_max_ongoing_requests": self.engine_ongoing,
+            "stream_batching_interval_ms": self.batching_ms,
+            "stream_batching": "ray.llm Batcher, as Ray Serve LLM's LLMServer streams (0: off)",
             "ingress_max_ongoing_requests": self.ingress_max_ongoing_requests,
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "engine_num_cpus": 0,
+            "engine_resources": dict(self.engine_resources),
             "ingress_num_cpus": 0,
             "router": self.router.value,
             "router_class": self.router_class(),
@@ -200,6 +232,8 @@ class BaselineConfig:
                 else "serve default PowerOfTwoChoicesRequestRouter"
             ),
             "session_routing": "handle.options(session_id=zl-session)",
+            "scaling": "Serve's external scaler API (ServeController.update_deployment_replicas, "
+            "as Ray's dashboard scale endpoint calls it)",
             # the key file's digests stay out of the metadata: whether auth was on, and how many
             "ingress": {**self.ingress_settings(), "api_keys": len(self.key_grants() or {})},
             "auth": "api keys" if self.api_keys else "off",

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Final, cast
 
@@ -25,9 +26,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from baselines.rayserve.admission import FifoGate, TokenBuckets
-from baselines.rayserve.items import ChunkItem, ErrorItem
+from baselines.rayserve.items import ChunkItem, EngineItem, ErrorItem
 from serving.auth import Authenticator, Grant
 from serving.wire.contract import (
+    ATTEMPTS,
     DEADLINE_EXCEEDED,
     ENGINE_DOWN,
     ERRORS,
@@ -56,16 +58,29 @@ from serving.wire.openai import (
 )
 
 PATHS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
-ATTEMPTS: Final = "zl-attempts"
 RETRYABLE: Final = (RayActorError, BackPressureError, DeploymentUnavailableError)
 SSE_HEADERS: Final = {"cache-control": "no-cache"}
 log = logging.getLogger("ray.serve")
 
 
+class RoutedError(ContractError):
+    """A request that failed after ``attempts`` routed calls to the engines: its answer says
+    ``zl-attempts`` as a success's does, so a client counts the orchestrator's retries."""
+
+    def __init__(self, cause: ContractError, attempts: int) -> None:
+        super().__init__(
+            cause.error, cause.message, cause.param, retry_after_ms=cause.retry_after_ms
+        )
+        self.attempts = attempts
+
+
 def error_response(exc: ContractError, request_id: str) -> Response:
-    """The contract's error response: status, ``zl-error``, maybe ``retry-after-ms``, JSON."""
+    """The contract's error response: status, ``zl-error``, maybe ``retry-after-ms`` and
+    ``zl-attempts``, JSON."""
     pairs = error_headers(exc.error, request_id.encode(), exc.retry_after_ms)
     headers = {name.decode(): value.decode() for name, value in pairs}
+    if isinstance(exc, RoutedError):
+        headers[ATTEMPTS] = str(exc.attempts)
     return Response(error_body(exc.error, exc.message, exc.param), exc.error.status, headers)
 
 
@@ -76,16 +91,29 @@ def _authorization(request: Request) -> bytes | None:
 
 
 class _Attempt:
-    """One routed call to the engines: its stream and its first item, fetched with retries."""
+    """One routed call to the engines: its stream of item batches (the engine replica's
+    batching interval), its first item, fetched with retries, and the rest of the batch it came
+    in."""
 
-    __slots__ = ("attempts", "first", "stream")
+    __slots__ = ("attempts", "first", "pending", "stream")
 
     def __init__(
-        self, stream: DeploymentResponseGenerator, first: ChunkItem, attempts: int
+        self,
+        stream: DeploymentResponseGenerator,
+        first: ChunkItem,
+        pending: deque[EngineItem],
+        attempts: int,
     ) -> None:
         self.stream = stream
         self.first = first
+        self.pending = pending
         self.attempts = attempts
+
+    async def next_item(self, timeout_s: float) -> EngineItem:
+        """The next item: the rest of the last batch first, then the next batch's."""
+        if not self.pending:
+            self.pending.extend(await asyncio.wait_for(self.stream.__anext__(), timeout_s))
+        return self.pending.popleft()
 
 
 class _Outcome:
@@ -147,7 +175,9 @@ class Orchestrator:
                 )
             raise ContractError(NOT_FOUND, f"no route {path}")
         except ContractError as exc:
-            self._log(request_id, path, None, exc.error.status, exc.error.code, start, None, 0, 0)
+            tried = exc.attempts if isinstance(exc, RoutedError) else 0
+            status, code = exc.error.status, exc.error.code
+            self._log(request_id, path, None, status, code, start, None, 0, tried)
             return error_response(exc, request_id)
 
     async def _complete(
@@ -190,6 +220,7 @@ class Orchestrator:
         self, body: Body, meta: RequestMeta, request_id: str, deadline: float
     ) -> _Attempt:
         """Route and fetch the first item; retry replica failures (never after a first token)."""
+        session = meta.session or request_id
         payload = {
             "request_id": request_id,
             "prompt": body.prompt,  # as any orchestrator forwards it: the engine caches on it
@@ -200,18 +231,20 @@ class Orchestrator:
             "sampling": body.sampling,
             "logprobs": body.logprobs,
         }
-        handle = self.engine.options(stream=True, session_id=meta.session or request_id)
+        handle = self.engine.options(stream=True, session_id=session)
         last: BaseException | None = None
         for attempt in range(1, self.max_retries + 2):
             # A streaming handle (``stream=True``) always answers with a generator.
-            stream = cast(DeploymentResponseGenerator, handle.generate.remote(payload))
+            # The session goes too, for the engine replica's request log (profile G).
+            stream = cast(DeploymentResponseGenerator, handle.generate.remote(payload, session))
             try:
-                first = await asyncio.wait_for(stream.__anext__(), deadline - time.monotonic())
+                batch = deque(
+                    await asyncio.wait_for(stream.__anext__(), deadline - time.monotonic())
+                )
             except TimeoutError:
                 stream.cancel()
-                raise ContractError(
-                    DEADLINE_EXCEEDED, "deadline passed before the first token"
-                ) from None
+                failed = ContractError(DEADLINE_EXCEEDED, "deadline passed before the first token")
+                raise RoutedError(failed, attempt) from None
             except RETRYABLE as exc:
                 last = exc
                 delay = self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
@@ -219,14 +252,13 @@ class Orchestrator:
                     break
                 await asyncio.sleep(delay)
                 continue
+            first = batch.popleft()
             if isinstance(first, ErrorItem):
-                raise ContractError(ERRORS.get(first.code, UPSTREAM_FAILED), first.message)
-            return _Attempt(stream, first, attempt)
-        raise ContractError(
-            ENGINE_DOWN,
-            f"no engine replica answered after {self.max_retries + 1} tries: {last!r}",
-            retry_after_ms=1000,
-        )
+                failed = ContractError(ERRORS.get(first.code, UPSTREAM_FAILED), first.message)
+                raise RoutedError(failed, attempt)
+            return _Attempt(stream, first, batch, attempt)
+        message = f"no engine replica answered after {attempt} tries: {last!r}"
+        raise RoutedError(ContractError(ENGINE_DOWN, message, retry_after_ms=1000), attempt)
 
     async def _events(
         self,
@@ -277,7 +309,7 @@ class Orchestrator:
         token (never retried)."""
         error: ErrorCode
         try:
-            item = await asyncio.wait_for(attempt.stream.__anext__(), deadline - time.monotonic())
+            item = await attempt.next_item(deadline - time.monotonic())
         except TimeoutError:
             error, message = DEADLINE_EXCEEDED, "deadline passed mid-stream"
         except RETRYABLE as exc:

@@ -133,11 +133,12 @@ def _deploy(config: BaselineConfig) -> None:
         "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "ray_actor_options": {"num_cpus": 0},
     }
+    placed = {"ray_actor_options": {"num_cpus": 0, "resources": dict(config.engine_resources)}}
     engines = engine_deployment().options(
         num_replicas=config.replicas,
         max_ongoing_requests=config.engine_ongoing,
         request_router_config=RequestRouterConfig(**router),
-        **lifecycle,
+        **{**lifecycle, **(placed if config.engine_resources else {})},
     )
     ingress = ingress_deployment().options(
         num_replicas=config.ingress_replicas,
@@ -145,10 +146,14 @@ def _deploy(config: BaselineConfig) -> None:
         **lifecycle,
     )
     app = ingress.bind(
-        engines.bind(config.engine, dict(config.engine_options), config.stats_dir),
+        engines.bind(
+            config.engine, dict(config.engine_options), config.stats_dir, config.batching_ms
+        ),
         config.ingress_settings(),
     )
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    # The external scaler API (``baselines.rayserve.scaling``) is how profile G scales the
+    # engine replicas through Serve; it leaves Serve's own autoscaling off, which is unused.
+    serve.run(app, name=APP_NAME, route_prefix="/", external_scaler_enabled=True)
 
 
 def wait_http(
@@ -218,12 +223,17 @@ class ServeHandle:
     """A Serve app stood up here: where to send traffic, its settings, and how to stop it.
 
     ``close`` stops the Ray started here (all of it, Serve included) and waits for every process
-    it started; attached to a cluster, it deletes only the app.
+    it started; attached to a cluster, it deletes only the app (and disconnects, unless this
+    process was attached before the stand-up: ``attached_before``, a run placed on a cluster);
+    Serve itself is shut down too where this stand-up started it (``serve_started``: no Serve
+    ran on the cluster before), so that nothing it started stays on the cluster's nodes.
     """
 
     APP: ClassVar[str] = APP_NAME
     url: str
     owns_ray: bool
+    attached_before: bool = False
+    serve_started: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     _ray_processes: list[psutil.Process] = field(default_factory=list)
     _closed: bool = False
@@ -247,10 +257,26 @@ class ServeHandle:
         processes); not other children of this process. Empty when attached to a cluster."""
         return with_children(self._ray_processes) if self.owns_ray else []
 
+    def with_ray_system(self, actors: dict[str, list[int]]) -> dict[str, list[int]]:
+        """``actors`` (pids by role) and, as ``ray``, the rest of the local Ray: its GCS,
+        raylet, agents and idle workers, which the layer costs as much as its own actors (none
+        when attached to a cluster: those run on its nodes)."""
+        taken = {pid for pids in actors.values() for pid in pids}
+        for proc in with_children([p for p in self.ray_processes() if p.pid in taken]):
+            taken.add(proc.pid)
+        system = sorted(p.pid for p in self.ray_processes() if p.pid not in taken and alive(p))
+        return {**actors, "ray": system}
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            shutdown_ray(self.owns_ray, self.APP, self.ray_processes())
+            shutdown_ray(
+                self.owns_ray,
+                self.APP,
+                self.ray_processes(),
+                disconnect=not self.attached_before,
+                stop_serve=self.serve_started,
+            )
 
     def __enter__(self) -> Self:
         return self
@@ -266,14 +292,23 @@ class BaselineHandle(ServeHandle):
     config: BaselineConfig
 
     def pids(self) -> dict[str, list[int]]:
-        """Process ids by role (``controller``, ``proxy``, ``ingress``, ``engine``)."""
-        return serve_actor_pids()
+        """Process ids by role (``controller``, ``proxy``, ``ingress``, ``engine``, and Ray's own
+        processes as ``ray``)."""
+        return self.with_ray_system(serve_actor_pids())
 
 
 def processes_since(before: frozenset[int]) -> list[psutil.Process]:
     """This process's descendants that were not there in ``before``: right after ``ray.init``,
     the Ray it started (gcs_server, raylet, agents), not, say, a replica a test started."""
     return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def child_pids() -> frozenset[int]:
@@ -291,18 +326,66 @@ def with_children(processes: list[psutil.Process]) -> list[psutil.Process]:
     return list(found.values())
 
 
-def shutdown_ray(owns_ray: bool, app_name: str, processes: list[psutil.Process]) -> None:
+def shutdown_ray(
+    owns_ray: bool,
+    app_name: str,
+    processes: list[psutil.Process],
+    disconnect: bool = True,
+    stop_serve: bool = False,
+) -> None:
     """Stop a Ray started here and wait for ``processes``; attached to a cluster, delete only
-    ``app_name``."""
+    ``app_name`` (all of Serve when ``stop_serve``: the stand-up started it), and disconnect
+    unless ``disconnect`` is False (the connection is another part of this process's)."""
     import ray
     from ray import serve
 
     try:
-        if not owns_ray:
+        if not owns_ray and stop_serve:
+            serve.shutdown()
+        elif not owns_ray:
             serve.delete(app_name)
     finally:
-        ray.shutdown()
+        if owns_ray or disconnect:
+            ray.shutdown()
         _reap(processes)
+
+
+def undo_stand_up(
+    app_name: str,
+    processes: list[psutil.Process],
+    owns_ray: bool,
+    attached_before: bool,
+    serve_started: bool,
+) -> None:
+    """What a stand-up that failed started, stopped: the Ray it started, or, attached to a
+    cluster, Serve where it started it (nothing of another's)."""
+    if owns_ray or serve_started:
+        shutdown_ray(
+            owns_ray,
+            app_name,
+            with_children(processes),
+            disconnect=not attached_before,
+            stop_serve=serve_started,
+        )
+
+
+def ray_attached() -> bool:
+    """Whether this process is attached to a Ray already (a run placed on a cluster)."""
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def serve_running() -> bool:
+    """Whether Serve's controller runs on the cluster this process is attached to."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
 
 
 def _reap(processes: list[psutil.Process]) -> None:
@@ -340,7 +423,9 @@ def start_baseline(
     )
     config = replace(config, port=port or free_port(config.host))
     before = child_pids()
+    attached_before = ray_attached()
     owns_ray = init_ray(ray_address, config.throughput_optimized)
+    serve_started = not owns_ray and not serve_running()
     processes = processes_since(before) if owns_ray else []
     try:
         _deploy(config)
@@ -350,11 +435,12 @@ def start_baseline(
             url=f"http://{config.host}:{config.port}",
             config=config,
             owns_ray=owns_ray,
+            attached_before=attached_before,
+            serve_started=serve_started,
             metadata={**config.metadata(), "ray_address": ray_address or "local"},
             _ray_processes=processes,
         )
         return handle.describe(_serve_settings, ENGINE_NAME, ready_timeout_s)
     except BaseException:
-        if owns_ray:
-            shutdown_ray(owns_ray, APP_NAME, with_children(processes))
+        undo_stand_up(APP_NAME, processes, owns_ray, attached_before, serve_started)
         raise

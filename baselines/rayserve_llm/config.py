@@ -21,6 +21,7 @@ from baselines.rayserve.config import (
     BaselineRouter,
     parse_router,
 )
+from baselines.rayserve_llm.cpus import runtime_env
 from serving.engine.vllm_engine import VllmEngineConfig
 from serving.wire.contract import SESSION
 
@@ -93,6 +94,12 @@ class LlmBaselineConfig:
     throughput_optimized: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    # Ray resources each engine replica's bundle asks for beyond its CPU or GPU: a custom
+    # resource naming the nodes a placement file puts them on (empty: wherever Serve places).
+    engine_resources: dict[str, float] = field(default_factory=dict)
+    # Each engine replica's cores (serving.cpus), claimed through files in slots_dir; () none.
+    engine_cores: tuple[str, ...] = ()
+    slots_dir: str = ""
 
     def __post_init__(self) -> None:
         self.router = parse_router(self.router)
@@ -117,8 +124,12 @@ class LlmBaselineConfig:
 
     def placement_group_config(self) -> dict[str, Any] | None:
         """One CPU bundle per replica on the CPU (as the CPU examples set it); Ray's default
-        (one GPU bundle per worker) elsewhere."""
-        return {"bundles": [dict(b) for b in CPU_BUNDLES]} if self.on_cpu else None
+        (one GPU bundle per worker) elsewhere; with ``engine_resources``, each bundle asks
+        for them too (a one-GPU bundle on a GPU host)."""
+        if not self.on_cpu and not self.engine_resources:
+            return None
+        bundles = CPU_BUNDLES if self.on_cpu else ({"GPU": 1},)
+        return {"bundles": [{**b, **self.engine_resources} for b in bundles]}
 
     def request_router_config(self) -> dict[str, Any] | None:
         """The router as Ray's docs configure it; ``None`` keeps Serve's default (pow2)."""
@@ -166,6 +177,8 @@ class LlmBaselineConfig:
         placement = self.placement_group_config()
         if placement is not None:
             options["placement_group_config"] = placement
+        if self.engine_cores:
+            options["runtime_env"] = runtime_env(self.engine_cores, self.slots_dir)
         return LLMConfig(**options)
 
     def metadata(self) -> dict[str, Any]:
@@ -188,6 +201,7 @@ class LlmBaselineConfig:
             "autoscaling": {"min_replicas": self.replicas, "max_replicas": self.replicas},
             "on_cpu": self.on_cpu,
             "placement_group_config": self.placement_group_config(),
+            "engine_cores": list(self.engine_cores),
             "proxy_location": self.proxy_location,
             "http_host": self.host,
             "http_port": self.port,

@@ -25,9 +25,10 @@ from baselines.rayserve.standup import (
     init_ray,
     on_a_worker,
     processes_since,
-    shutdown_ray,
+    ray_attached,
+    serve_running,
+    undo_stand_up,
     wait_http,
-    with_children,
 )
 from baselines.rayserve_llm.config import (
     APP_NAME,
@@ -176,8 +177,8 @@ class LlmBaselineHandle(ServeHandle):
 
     def pids(self) -> dict[str, list[int]]:
         """Process ids by role: ``controller``, ``proxy``, ``ingress``, ``router``, ``engine``,
-        ``engine_core``."""
-        return llm_actor_pids()
+        ``engine_core``, and Ray's own processes as ``ray``."""
+        return self.with_ray_system(llm_actor_pids())
 
     def applied_engine_kwargs(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The vLLM engine arguments an LLMServer replica runs with, asked of it (its
@@ -218,9 +219,11 @@ def start_llm_baseline(
     config = replace(config, port=port or free_port(config.host), on_cpu=_on_cpu())
     before = child_pids()
     cpus = CPUS_PER_REPLICA * replicas + EXTRA_CPUS
+    attached_before = ray_attached()
     owns_ray = init_ray(
         ray_address, config.throughput_optimized, num_cpus=cpus, serve_env=config.serve_env()
     )
+    serve_started = not owns_ray and not serve_running()
     processes = processes_since(before) if owns_ray else []  # gcs_server, raylet, Ray's agents
     try:
         if config.serve_env():
@@ -232,6 +235,8 @@ def start_llm_baseline(
             url=f"http://{config.host}:{config.port}",
             config=config,
             owns_ray=owns_ray,
+            attached_before=attached_before,
+            serve_started=serve_started,
             metadata={
                 **config.metadata(),
                 "ray_address": ray_address or "local",
@@ -243,6 +248,5 @@ def start_llm_baseline(
         )
         return handle.describe(_settings, LLM_SERVER_PREFIX, ready_timeout_s)
     except BaseException:
-        if owns_ray:
-            shutdown_ray(owns_ray, APP_NAME, with_children(processes))
+        undo_stand_up(APP_NAME, processes, owns_ray, attached_before, serve_started)
         raise

@@ -25,29 +25,59 @@ from bench.overhead.model import DEFAULTS, ENGINES, Defaults, Level, Role, Setti
 from bench.overhead.render import auth_costs, header, table, verdict, warnings, write_out
 from bench.overhead.targets import TARGET_KINDS, TargetKind, choose_targets
 from harness.errors import UsageError
+from harness.outputs import output_dir
+from harness.promptfit import context_length
+from harness.runner.config import cpu_layout
+from harness.runner.priority import loader_cores
+from harness.workload import make_prompt
+from serving.cpus import LAYOUT_HELP
 from serving.engine import kinds
 from serving.engine.options import add_engine_option, validate_engine_options
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--engine-option``s, checked against the engine's config."""
+    """The ``--engine-option``s, checked against the engine's config and fitted to the model
+    they name (each thing fitted said once)."""
     options = dict(args.engine_options)
     if kinds.engine_kind(args.engine).config_class is None:
         if options:
             raise UsageError(f"the {args.engine} engine takes no options, got {', '.join(options)}")
         return options
-    if importlib.util.find_spec("vllm") is None:
-        raise UsageError(f"--engine {args.engine} needs vLLM installed (see nox -s vllm)")
-    if not options.get("model"):
-        raise UsageError(
-            f"--engine {args.engine} needs --engine-option model=DIR (see zl-bench tiny-model)"
-        )
-    if not Path(options["model"]).is_dir():
-        raise UsageError(f"--engine-option model={options['model']}: not a directory")
     try:
-        return validate_engine_options(args.engine, options)
+        fit = kinds.engine_kind(args.engine).fit_to_model(
+            validate_engine_options(args.engine, options)
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    for note in fit.notes:
+        print(f"overhead: {note}", flush=True)
+    return fit.options
+
+
+def check_request_fits(workload: Workload) -> None:
+    """The one request every target serves must fit the engine's context: its prompt, as the
+    engine counts it, and its output within ``max_model_len``; UsageError otherwise (an output
+    that leaves no room is refused before the engine or its tokenizer is needed)."""
+    context = context_length(workload.engine_options)
+    if context is None:
+        return
+    if workload.max_tokens >= context:
+        raise UsageError(
+            f"--max-tokens {workload.max_tokens} leaves no room for a prompt in max_model_len "
+            f"{context}"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError(f"--engine {workload.engine} needs vLLM installed (see nox -s vllm)")
+    try:
+        rule = workload.kind.token_rule(workload.engine_options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    tokens = rule.count(make_prompt("ovh-0", workload.prompt_bytes))
+    if tokens + workload.max_tokens > context:
+        raise UsageError(
+            f"--prompt-bytes {workload.prompt_bytes} is {tokens} tokens ({rule.name}); with "
+            f"--max-tokens {workload.max_tokens} that passes max_model_len {context}"
+        )
 
 
 def resolve(args: argparse.Namespace) -> Settings:
@@ -57,12 +87,15 @@ def resolve(args: argparse.Namespace) -> Settings:
     def given(value: Any, default: Any) -> Any:
         return default if value is None else value
 
+    out = None if args.out is None else output_dir(args.out)
     workload = Workload(
         given(args.prompt_bytes, d.prompt_bytes),
         given(args.max_tokens, d.max_tokens),
         args.engine,
         engine_options(args),
+        cpu_layout(args.engine, 1, args.cpu_layout),
     )
+    check_request_fits(workload)
     return Settings(
         workload=workload,
         targets=given(args.targets, d.targets),
@@ -73,8 +106,9 @@ def resolve(args: argparse.Namespace) -> Settings:
         burst=given(args.burst, d.burst),
         rss_streams=given(args.rss_streams, d.rss_streams),
         rss_max_tokens=args.rss_max_tokens,
-        out=args.out,
+        out=out,
         auth=args.auth,
+        repeats=given(args.repeats, d.repeats),
     )
 
 
@@ -114,6 +148,12 @@ def _default_help(what: Callable[[Defaults], Any]) -> str:
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="null", help="engine behind all")
     add_engine_option(parser)
+    parser.add_argument(
+        "--cpu-layout",
+        metavar="ENGINE/REST",
+        help=LAYOUT_HELP + " (vllm only; one engine replica: every target's engine computes "
+        "on the same cores)",
+    )
 
 
 def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +177,15 @@ def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
         "--rate",
         type=_number(float, 0.0),
         default=0.0,
-        help="req/s for every level (0: 200 at 1, 500 at 64 for null; for vllm a quarter of "
-        "the in-process throughput measured at each level)",
+        help="req/s for every level (0: 50 at 1, 160 at 16, else 10 per slot, for null; for "
+        "vllm a quarter of the in-process throughput measured at each level)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_count,
+        help="times every target is measured at every level, in a balanced order (A B C, "
+        "C B A, ...): figures are intervals over the valid repeats; "
+        + _default_help(lambda d: d.repeats),
     )
     parser.add_argument(
         "--burst",
@@ -212,9 +259,10 @@ def _print_report(settings: Settings, levels: Sequence[Level]) -> None:
     max_tokens = settings.workload.max_tokens
     print()
     print(table(levels, max_tokens))
-    for line in [*warnings(levels, max_tokens), verdict(levels), *auth_costs(levels)]:
-        if line:
-            print(line)
+    over_reference = settings.workload.kind.is_reference
+    for line in [*warnings(levels, max_tokens), *verdict(levels, over_reference),
+                 *auth_costs(levels)]:  # fmt: skip
+        print(line)
 
 
 async def _print_replica_rss(settings: Settings) -> None:
@@ -232,7 +280,10 @@ async def main_async(settings: Settings, chosen: Sequence[TargetKind]) -> None:
     rates = fixed_rates(settings, any(kind.role is Role.FLOOR for kind in chosen))
     source = fixed_source(settings) if rates else "measured in-process first"
     print(header(settings, rates or {}, source), flush=True)
-    with _workdir(settings.out) as work:
+    layout = settings.workload.cpu_layout
+    if layout is not None:
+        print(f"cpu layout: {layout.text()}", flush=True)
+    with _workdir(settings.out) as work, loader_cores(layout):
         levels, rates, source = await measure(settings, chosen, Path(work))
     if levels:
         _print_report(settings, levels)

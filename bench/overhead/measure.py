@@ -10,8 +10,9 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -29,17 +30,20 @@ from bench.overhead.model import (
 from bench.overhead.render import rates_text
 from bench.overhead.targets import TargetKind, overhead_credentials
 from harness.loaders.native import run_schedule
+from harness.metrics import LAG_FRACTION_OF_MEDIAN
 from harness.schema import RequestRecord
 from harness.stacks import ReplicaProcess
-from harness.telemetry.host import measure_host_cpu
+from harness.telemetry.host import HostCpu, busy_pct, cpu_speed, measure_host_cpu
 from harness.telemetry.process import ProcessCpu, cpu_spent, read_cpu
 from harness.workload import PlannedRequest
 from serving.auth import load_key_file
+from serving.cpus import CpuLayout, thread_ids
 from serving.wire.contract import RequestMeta
 from zerolayer.client import ZeroLayerClient, ZeroLayerError
 
 # The reference engine's rates per in-flight level (others: 10 req/s per slot).
-DEFAULT_RATES = {1: 200.0, 64: 500.0}
+DEFAULT_RATES = {1: 50.0, 16: 160.0}
+DEFAULT_RATE_PER_SLOT = 10.0
 # Each level offers this fraction of the in-process engine's measured closed-loop throughput.
 # A quarter: each stack's own processes (and the loader) share the cores with the engine, whose
 # core and worker busy-poll; at half, vLLM's own server fell behind at 16 in flight on 2 cores.
@@ -90,15 +94,95 @@ def server_cpu(before: Mapping[int, ProcessCpu], after: Mapping[int, ProcessCpu]
     return ServerCpu(sum(p.seconds for p in spent), sum(layer))
 
 
+def _load1() -> float:
+    return os.getloadavg()[0]
+
+
+def rest_busiest(
+    before: Sequence[Any], after: Sequence[Any], layout: CpuLayout | None
+) -> float | None:
+    """The busiest of the cores a CPU layout leaves to the loader and the layers, as a fraction,
+    between two per-core readings; None without a layout (or one leaving them no core)."""
+    if layout is None or not layout.rest:
+        return None
+    busy = [busy_pct(before[c], after[c]) for c in layout.rest if c < len(after)]
+    return max(busy) / 100 if busy else None
+
+
+def layer_pids(target: SystemUnderTest) -> list[int]:
+    """The loader (this process) and the target's layer processes: every server process but
+    vLLM's own engine processes (for the in-process floor, the loader alone)."""
+    pids = [os.getpid()]
+    for pid in target.server_pids:
+        with contextlib.suppress(psutil.Error):
+            if not psutil.Process(pid).name().startswith(ENGINE_PROCESS_PREFIX):
+                pids.append(pid)
+    return pids
+
+
+def run_times(pids: Sequence[int]) -> tuple[int, int]:
+    """Nanoseconds the threads of ``pids`` have run and have waited on a run queue, summed
+    (the kernel's schedstat; threads gone between two readings drop out of both)."""
+    ran = waited = 0
+    for pid in pids:
+        for tid in thread_ids(pid):
+            with contextlib.suppress(OSError, ValueError):
+                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                ran += int(fields[0])
+                waited += int(fields[1])
+    return ran, waited
+
+
+@dataclass
+class HostWatch:
+    """The host readings taken around a level: one core's speed just before (``cpu_speed``,
+    half a second), the load average, each core's times, and how long the loader's and the
+    layer processes' threads ran and waited for a core."""
+
+    pids: list[int]
+    layout: CpuLayout | None
+    speed: float
+    load: float
+    cores: Sequence[Any]
+    times: tuple[int, int]
+
+    @classmethod
+    async def start(cls, pids: list[int], layout: CpuLayout | None) -> HostWatch:
+        speed = await asyncio.to_thread(cpu_speed)
+        cores = psutil.cpu_times(percpu=True)
+        return cls(pids, layout, speed, _load1(), cores, run_times(pids))
+
+    def finish(self, cpu: HostCpu) -> HostLoad:
+        """The level's ``HostLoad`` from the readings now and at the start."""
+        ran_now, waited_now = run_times(self.pids)
+        ran = max(0, ran_now - self.times[0])
+        waited = max(0, waited_now - self.times[1])
+        wait = waited / (ran + waited) if ran + waited > 0 else None
+        return HostLoad(
+            busy=cpu.cpu_pct / 100,
+            load1=max(self.load, _load1()),
+            cores=cpu.cpus,
+            busiest=cpu.busiest_cpu_pct / 100,
+            speed=self.speed,
+            rest_busiest=rest_busiest(self.cores, psutil.cpu_times(percpu=True), self.layout),
+            wait_share=wait if self.layout is not None else None,
+        )
+
+
 async def drive(
     target: SystemUnderTest,
     plan: Sequence[PlannedRequest],
     in_flight: int,
     rate: float,
     records: Path,
+    repeat: int = 0,
+    layout: CpuLayout | None = None,
+    reference: bool = False,
 ) -> Level:
     """One level through the native loader's ``run_schedule``; server CPU and host load measured
-    around it.
+    around it, one core's speed probed just before (``cpu_speed``, half a second). Over the
+    reference engine (``reference``) the loader's lag is held to the absolute 1 ms, not to 1 %
+    of a median E2EL of a few milliseconds (the design's rule for null-engine runs).
 
     Not ``NativeLoader``: that drives a whole ``Stack`` through a client it opens for each run,
     in an event loop of its own, with no bound on requests in flight. Here the floor is an
@@ -106,6 +190,7 @@ async def drive(
     through every level (so no connection set-up lands in a measured level), and each level
     holds at most ``in_flight`` requests outstanding (wrk2-style).
     """
+    watch = await HostWatch.start(layer_pids(target), layout)
     server0 = read_cpu(target.server_pids)
     with measure_host_cpu() as host_cpu:
         result = await run_schedule(
@@ -115,9 +200,9 @@ async def drive(
             profile=f"overhead-{in_flight}",
             records_path=records,
             max_in_flight=in_flight,
+            lag_fraction=0.0 if reference else LAG_FRACTION_OF_MEDIAN,
         )
-    (cpu,) = host_cpu
-    host = HostLoad(cpu.cpu_pct / 100, os.getloadavg()[0], cpu.cpus)
+    host = watch.finish(host_cpu[0])
     server = server_cpu(server0, read_cpu(target.server_pids)) if target.server_pids else None
     s = result.summary
     return Level(
@@ -130,6 +215,8 @@ async def drive(
         ttft_p99_ms=s.get("p99_ttft_intended_ms"),
         e2el_p50_ms=s.get("median_e2el_intended_ms"),
         e2el_p99_ms=s.get("p99_e2el_intended_ms"),
+        tpot_p50_ms=s.get("median_tpot_ms"),
+        tpot_p99_ms=s.get("p99_tpot_ms"),
         lag_p99_ms=s.get("p99_lag_ms"),
         tokens=tuple(r.output_tokens for r in result.records if r.outcome == "completed"),
         client_cpu_us=float(result.extra["loader_cpu_us_per_request"]),
@@ -137,6 +224,7 @@ async def drive(
         host=host,
         error_codes=dict(s["errors_by_code"]),
         invalid_reasons=tuple(s.get("invalid_reasons", ())),
+        repeat=repeat,
     )
 
 
@@ -179,7 +267,7 @@ def fixed_rates(settings: Settings, floor_runs: bool) -> dict[int, float] | None
     if settings.rate:
         return dict.fromkeys(settings.levels, settings.rate)
     if settings.workload.kind.is_reference:
-        return {lv: DEFAULT_RATES.get(lv, 10.0 * lv) for lv in settings.levels}
+        return {lv: DEFAULT_RATES.get(lv, DEFAULT_RATE_PER_SLOT * lv) for lv in settings.levels}
     if floor_runs:
         return None
     return {lv: VLLM_FALLBACK_RATE_PER_SLOT * lv for lv in settings.levels}
@@ -190,19 +278,38 @@ def fixed_source(settings: Settings) -> str:
 
 
 async def run_levels(
-    target: SystemUnderTest, settings: Settings, rates: Mapping[int, float], workdir: Path
+    target: SystemUnderTest,
+    settings: Settings,
+    rates: Mapping[int, float],
+    workdir: Path,
+    repeat: int = 0,
 ) -> list[Level]:
     """Every in-flight level of one stood-up target: a warm-up, then the measured run."""
     out = []
     workload = settings.workload
     for in_flight in settings.levels:
         rate = rates[in_flight]
-        print(f"    {target.name}: {in_flight} in flight at {rate:.3g} req/s", flush=True)
+        print(
+            f"    {target.name}: {in_flight} in flight at {rate:.3g} req/s (load {_load1():.2f})",
+            flush=True,
+        )
         warm = schedule(workload, in_flight, rate, settings.warmup_s, settings.burst)
         base = workdir / f"{target.name}-{in_flight}"
         await drive(target, warm, in_flight, rate, base.with_suffix(".warmup.jsonl"))
         plan = schedule(workload, in_flight, rate, settings.duration_s, settings.burst)
-        out.append(await drive(target, plan, in_flight, rate, base.with_suffix(".jsonl")))
+        records = base.with_suffix(".jsonl")
+        out.append(
+            await drive(
+                target,
+                plan,
+                in_flight,
+                rate,
+                records,
+                repeat,
+                workload.cpu_layout,
+                workload.kind.is_reference,
+            )
+        )
     return out
 
 
@@ -218,25 +325,36 @@ def measured_source() -> str:
     return f"{UTILIZATION:g} x in-process closed-loop throughput"
 
 
+def balanced_order(kinds: Sequence[TargetKind], repeat: int) -> list[TargetKind]:
+    """The targets in the order a repeat measures them: the floor first in the first repeat
+    (where it measures the rates), reversed every other repeat (A B C, C B A, A B C ...), so a
+    slow minute of the host falls on every target alike."""
+    floor_first = sorted(kinds, key=lambda kind: kind.role is not Role.FLOOR)
+    return floor_first if repeat % 2 == 0 else floor_first[::-1]
+
+
 async def measure(
     settings: Settings, chosen: Sequence[TargetKind], workdir: Path
 ) -> tuple[list[Level], dict[int, float], str]:
-    """Each target stood up, measured at every level and torn down in turn (the floor first,
-    where it measures the rates). Returns the levels, the rates used and where they came from."""
-    floor_first = sorted(chosen, key=lambda kind: kind.role is not Role.FLOOR)
+    """Each repeat stands up every target, measures it at every level and tears it down, one
+    target at a time (they never share the cores), in :func:`balanced_order`. Returns the
+    levels, the rates used and where they came from."""
     rates = fixed_rates(settings, any(kind.role is Role.FLOOR for kind in chosen))
     source = fixed_source(settings)
     levels: list[Level] = []
-    for kind in floor_first:
-        print(f"  standing up {kind.name} ...", flush=True)
-        target = await kind.factory(kind.name, settings.workload, workdir)
-        try:
-            if rates is None:
-                rates, source = await _probe_rates(target, settings, workdir), measured_source()
-            measured = await run_levels(target, settings, rates, workdir)
-            levels += [replace(lv, role=kind.role) for lv in measured]
-        finally:
-            await target.close()
+    for repeat in range(settings.repeats):
+        folder = workdir / f"repeat-{repeat + 1}"
+        for kind in balanced_order(chosen, repeat):
+            print(f"  repeat {repeat + 1} of {settings.repeats}: standing up {kind.name} ...",
+                  flush=True)  # fmt: skip
+            target = await kind.factory(kind.name, settings.workload, folder)
+            try:
+                if rates is None:
+                    rates, source = await _probe_rates(target, settings, folder), measured_source()
+                measured = await run_levels(target, settings, rates, folder, repeat)
+                levels += [replace(lv, role=kind.role) for lv in measured]
+            finally:
+                await target.close()
     return levels, rates or {}, source
 
 

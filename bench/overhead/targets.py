@@ -6,26 +6,40 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import re
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import psutil
 
 from bench.overhead.model import TENANT, Role, Settings, SystemUnderTest, TargetFactory, Workload
 from harness.errors import UsageError
 from harness.loaders.senders import client_sender, engine_sender
-from harness.stacks import Credentials, StackName, StackSpec, stand_up
+from harness.stacks import Credentials, StackName, StackSpec, stand_up, stop_pids
 from serving.auth import write_key_file
+from serving.cpus import engine_cores, pin_threads
 from serving.engine import make_engine
+from zerolayer.client import ZeroLayerClient
 
 AUTH_SUFFIX = "+auth"
+ECHO_LISTENING: Final = re.compile(r"h2-echo listening on (http://\S+)")
+ECHO_READY_S: Final = 30.0
 
 
 async def inproc_target(name: str, workload: Workload, workdir: Path) -> SystemUnderTest:
     """The floor: the engine called in this process, no serving layer at all. Its server CPU is
     its child processes' (vLLM's engine core); the reference engine has none."""
-    engine = make_engine(workload.engine, **workload.engine_options)
+    layout = workload.cpu_layout
+    with engine_cores(layout):
+        engine = make_engine(workload.engine, **workload.engine_options)
+    if layout is not None:  # as a replica's front: this process's threads on the rest's cores
+        pin_threads(os.getpid(), layout.rest)
     no_children = workload.kind.is_reference
     children = [] if no_children else [c.pid for c in psutil.Process().children()]
     return SystemUnderTest(name, engine_sender(engine), engine.close, children)
@@ -38,9 +52,12 @@ def overhead_credentials(folder: Path) -> Credentials:
     return Credentials(path, write_key_file(path, {TENANT: "normal"}))
 
 
-def stack_target(stack_name: StackName, auth: bool = False) -> TargetFactory:
+def stack_target(
+    stack_name: StackName, auth: bool = False, protocol: str | None = None
+) -> TargetFactory:
     """A stack over the workload's engine (one replica), stood up the one way; sent to through
-    its client. ``auth``: started with a key file, every request sent with its key."""
+    its client (``protocol``: another than the stack's own). ``auth``: started with a key file,
+    every request sent with its key."""
 
     async def factory(name: str, workload: Workload, workdir: Path) -> SystemUnderTest:
         spec = StackSpec(
@@ -49,10 +66,11 @@ def stack_target(stack_name: StackName, auth: bool = False) -> TargetFactory:
             engine_options=dict(workload.engine_options),
             replicas=1,
             credentials=overhead_credentials(workdir / name) if auth else None,
+            cpu_layout=workload.cpu_layout,
         )
         stack = await asyncio.to_thread(stand_up, spec, workdir / name)
         try:
-            client = stack.open_client()
+            client = stack.open_client(protocol)
             await client.__aenter__()
         except BaseException:
             await asyncio.to_thread(stack.close)
@@ -70,11 +88,48 @@ def stack_target(stack_name: StackName, auth: bool = False) -> TargetFactory:
     return factory
 
 
+async def echo_target(name: str, workload: Workload, workdir: Path) -> SystemUnderTest:
+    """The bare h2 echo server (``bench.overhead.echo``) streaming as the workload's null engine
+    does, sent to through the zero-layer SDK as the replica is."""
+    options = workload.engine_options
+    args = ["--per-token" if options.get("per_token", True) else "--no-per-token",
+            "--itl-ms", str(options.get("itl_ms", 0.0))]  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc, url = await asyncio.to_thread(start_echo, args, workdir / f"{name}.log")
+    client = ZeroLayerClient([url], health_interval_s=0)
+    await client.__aenter__()
+
+    async def close() -> None:
+        try:
+            await client.close()
+        finally:
+            await asyncio.to_thread(stop_pids, [proc.pid])
+
+    return SystemUnderTest(name, client_sender(client), close, [proc.pid])
+
+
+def start_echo(args: Sequence[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The echo server started with ``args``, and the URL it listens on (bounded wait)."""
+    command = [sys.executable, "-m", "bench.overhead.echo", *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    deadline = time.monotonic() + ECHO_READY_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = ECHO_LISTENING.search(log_path.read_text(errors="replace"))
+        if found:
+            return proc, found.group(1)
+        time.sleep(0.05)
+    stop_pids([proc.pid])
+    raise RuntimeError(f"the h2 echo server did not listen: {log_path.read_text()[-2000:]}")
+
+
 @dataclass(frozen=True, slots=True)
 class TargetKind:
     """One target a run can measure: its name, how it is stood up, its role in the report;
-    ``needs_vllm``: only a vLLM engine can serve it; ``with_auth``: how it is stood up checking
-    API keys (None: it checks none); ``auth_over_vllm``: it still checks them over vLLM."""
+    ``needs_vllm``: only a vLLM engine can serve it; ``needs_reference``: it stands in for the
+    reference engine (no engine at all); ``with_auth``: how it is stood up checking API keys
+    (None: it checks none); ``auth_over_vllm``: it still checks them over vLLM."""
 
     name: str
     factory: TargetFactory
@@ -82,6 +137,7 @@ class TargetKind:
     needs_vllm: bool = False
     with_auth: TargetFactory | None = None
     auth_over_vllm: bool = False
+    needs_reference: bool = False
 
     def checks_keys(self, workload: Workload) -> bool:
         """Whether it checks API keys over ``workload``'s engine."""
@@ -113,6 +169,8 @@ TARGET_KINDS: dict[str, TargetKind] = {
             )
             for name in ("baseline", "rayserve")
         ),
+        TargetKind("zerolayer-h1", stack_target(StackName.ZEROLAYER, protocol="http1"), Role.HTTP1),
+        TargetKind("h2-echo", echo_target, Role.ECHO, needs_reference=True),
         TargetKind("vllm-serve", stack_target(StackName.VLLM_SERVE), Role.PEER, needs_vllm=True),
     )
 }
@@ -137,10 +195,15 @@ def _built_in(settings: Settings) -> list[TargetKind]:
     if unknown:
         raise UsageError(f"unknown targets {unknown}; built in: {', '.join(TARGET_KINDS)}")
     chosen = [TARGET_KINDS[n] for n in names]
-    if not settings.workload.kind.serves_vllm:
-        for kind in chosen:
-            if kind.needs_vllm:
-                raise UsageError(f"target {kind.name} is vLLM's own server: it needs --engine vllm")
+    engine = settings.workload.kind
+    for kind in chosen:
+        if kind.needs_vllm and not engine.serves_vllm:
+            raise UsageError(f"target {kind.name} is vLLM's own server: it needs --engine vllm")
+        if kind.needs_reference and not engine.is_reference:
+            raise UsageError(
+                f"target {kind.name} stands in for a replica of the null engine: it needs "
+                f"--engine null, not {settings.workload.engine}"
+            )
     return chosen
 
 

@@ -21,9 +21,14 @@ from harness.validity import MIN_TRIALS, first_speed, too_few, trial_problems
 ZEROLAYER: Final = "zerolayer"
 BASELINE: Final = "baseline"
 LATENCY_PROFILE: Final = "a_latency"
+FAULT_PROFILE: Final = "d_fault"
 JUDGED_AT: Final = (0.5, 0.8)
 
 Pair = tuple[SummaryRow, SummaryRow]
+
+# Profiles whose trials change the stack under load (a fault; a replica joining and leaving): no
+# steady-state claim (latency, the layer's CPU share) is judged on them.
+STACK_CHANGING: Final = frozenset({"d_fault", "g_elasticity"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +61,11 @@ Inputs = Judged | Unjudged
 
 
 def _pairs_by_repeat(rows: Sequence[SummaryRow]) -> list[Pair]:
-    """The zero-layer and baseline rows of each repeat that has both, in repeat order."""
-    zl = {r.repeat: r for r in rows if r.stack == ZEROLAYER}
-    base = {r.repeat: r for r in rows if r.stack == BASELINE}
+    """The zero-layer and baseline rows of each repeat that has both, in repeat order; none of a
+    profile that changes the stack (``STACK_CHANGING``)."""
+    steady = [r for r in rows if r.profile not in STACK_CHANGING]
+    zl = {r.repeat: r for r in steady if r.stack == ZEROLAYER}
+    base = {r.repeat: r for r in steady if r.stack == BASELINE}
     return [(zl[k], base[k]) for k in sorted(zl.keys() & base.keys())]
 
 
@@ -92,7 +99,7 @@ def judge_pairs(
     )
 
 
-def _latency_profile(rows: Sequence[SummaryRow]) -> str:
+def latency_profile(rows: Sequence[SummaryRow]) -> str:
     """Profile A when it ran on both stacks, else the first profile that did."""
     profiles = list(dict.fromkeys(r.profile for r in rows))
     both = [p for p in profiles if _pairs_by_repeat([r for r in rows if r.profile == p])]
@@ -101,7 +108,7 @@ def _latency_profile(rows: Sequence[SummaryRow]) -> str:
 
 def plain_inputs(rows: Sequence[SummaryRow], reference: float | None) -> list[Inputs]:
     """A plain run's latency profile, its trials paired by repeat."""
-    profile = _latency_profile(rows)
+    profile = latency_profile(rows)
     pairs = _pairs_by_repeat([r for r in rows if r.profile == profile])
     return [judge_pairs(pairs, profile, None, reference)]
 

@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 from pydantic import computed_field
 
+from bench.report import claims
 from bench.report.compare_common import (
     BY_NAME,
     Metric,
@@ -64,6 +65,7 @@ from bench.report.compare_sweep import (
 from bench.report.data import RunData, load_run
 from harness import curves, schema, validity
 from harness.errors import UsageError
+from harness.outputs import output_file
 from harness.telemetry.host import speed_note
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "METRICS",
     "POINT_METRICS",
     "RATE_TOLERANCE",
+    "ClaimChange",
     "Comparison",
     "Flag",
     "HeadlineRow",
@@ -88,6 +91,7 @@ __all__ = [
     "check_settings",
     "compare_runs",
     "compare_sweeps",
+    "format_claims",
     "format_headline",
     "format_points",
     "format_table",
@@ -150,6 +154,22 @@ class Row:
         return relative_change(self.a, self.b)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimChange:
+    """One seed claim as each run's ``claims.json`` decided it: shown beside the metrics, never
+    a regression by itself (a claim is about the architecture, not about a change)."""
+
+    key: str
+    a: str
+    b: str
+    a_measured: str
+    b_measured: str
+
+    @property
+    def changed(self) -> bool:
+        return self.a != self.b
+
+
 @dataclass(slots=True)
 class Comparison:
     """Everything ``compare`` decided, as printed and as written by ``--json``.
@@ -169,6 +189,7 @@ class Comparison:
     mismatch: str = ""
     sweep: SweepComparison | None = None
     forced: bool = False
+    claims: list[ClaimChange] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[Row]:
@@ -314,6 +335,22 @@ def _mismatch(a: RunData, b: RunData) -> str:
     return ""
 
 
+def _claim_changes(a: RunData, b: RunData) -> tuple[list[ClaimChange], list[str]]:
+    """Each claim both runs' ``claims.json`` decided, A's verdict beside B's; a note for a run
+    that has no such file (its report was never rendered)."""
+    read = {name: claims.read(run.path) for name, run in (("A", a), ("B", b))}
+    notes = [f"run {name} has no {claims.CLAIMS_FILE} (`zl-bench report` writes it): its claims "
+             "are not shown" for name, got in read.items() if got is None]  # fmt: skip
+    if read["A"] is None or read["B"] is None:
+        return [], notes
+    by_key = {c.key: c for c in read["B"].claims}
+    return [
+        ClaimChange(c.key, c.status, by_key[c.key].status, c.measured, by_key[c.key].measured)
+        for c in read["A"].claims
+        if c.key in by_key
+    ], notes
+
+
 def compare_runs(
     a: RunData,
     b: RunData,
@@ -337,6 +374,8 @@ def compare_runs(
     if a.path.resolve() == b.path.resolve():
         result.notes.append("A and B are the same run: every difference is 0 by construction")
     result.notes += _invalid_notes(a, "A") + _invalid_notes(b, "B")
+    result.claims, claim_notes = _claim_changes(a, b)
+    result.notes += claim_notes
     speed = speed_note(a.meta.machine, b.meta.machine)
     if speed:
         result.incomparable.append(speed)
@@ -391,6 +430,13 @@ def format_table(rows: list[Row], confidence: float = 0.95) -> str:
     return text_table(lines)
 
 
+def format_claims(changes: list[ClaimChange]) -> str:
+    """The seed claims as each run decided them (from ``claims.json``), changes marked."""
+    lines = [("claim", "A", "B", "")]
+    lines += [(c.key, str(c.a), str(c.b), "CHANGED" if c.changed else "") for c in changes]
+    return "seed claims, as each run's claims.json decided them:\n" + text_table(lines)
+
+
 def _preamble(result: Comparison, threshold: float) -> str:
     where = f"A = {result.a}  B = {result.b}"
     if result.sweep is not None:
@@ -423,6 +469,8 @@ def _print(result: Comparison, threshold: float, confidence: float) -> None:
         print_sweep(result.sweep)
     if result.rows:
         print(format_table(result.rows, confidence))
+    if result.claims:
+        print(format_claims(result.claims))
     for note in result.notes:
         print(f"note: {note}")
     if not result.measured:
@@ -485,6 +533,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.json is not None:
+        output_file(args.json, "--json")
     return main(
         args.a,
         args.b,

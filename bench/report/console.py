@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bench.report.claims import ClaimResult
 from harness.runner.console import say
 from harness.runner.results import RunDir
 from harness.schema import SummaryRow
 from harness.tables import Align, Column, fmt, text_table
+from serving.cpus import layout_text
 
 SUMMARY_COLUMNS = (
     Column("stack", align=Align.LEFT, width=10),
@@ -50,9 +52,20 @@ def summary_table(rows: Sequence[SummaryRow]) -> str:
     return "\n".join(lines)
 
 
+def claims_lines(results: Sequence[ClaimResult]) -> list[str]:
+    """Each seed claim's verdict as ``claims.json`` holds it: what was measured, and why a claim
+    is undecided."""
+    lines = ["seed claims (claims.json):"]
+    for c in results:
+        lines.append(f"  {c.key:<15} {c.status:<12} {c.measured}")
+        if c.reason:
+            lines.append(f"  {'':<15} {'':<12} why: {c.reason}")
+    return lines
+
+
 def render(run: RunDir) -> None:
-    """report.html for the run as it stands, and its rows at the console."""
-    from bench.report import html
+    """report.html for the run as it stands, and its rows and claims at the console."""
+    from bench.report import claims, html
 
     say("rendering report")
     report = html.render(run.path)
@@ -60,4 +73,8 @@ def render(run: RunDir) -> None:
         print(summary_table(run.summary), flush=True)
         for name, label in run.meta.stack_labels().items():
             print(f"{name}: {label}", flush=True)
+        print(f"cpu layout: {layout_text(run.meta.config)}", flush=True)
+    decided = claims.read(run.path)
+    if decided is not None:
+        print("\n".join(claims_lines(decided.claims)), flush=True)
     say(f"report: {report}")

@@ -16,6 +16,8 @@ import orjson
 from chaos.recovery import Recovery
 from harness import metrics, schema
 from harness.errors import UsageError
+from harness.runner.trials import trial_phase
+from harness.telemetry.usage import phase_windows
 
 RECOVERY_TABLE = "recovery.json"
 _REQUESTS_RE = re.compile(r"^requests-(?P<stack>.+)-(?P<profile>[^-.]+)(\.r\d+)?\.jsonl$")
@@ -78,6 +80,25 @@ class RunData:
             if entry.stack == stack and entry.profile == profile:
                 return entry
         return None
+
+    def trial_window(self, row: schema.SummaryRow) -> tuple[int, int] | None:
+        """The (start, end) wall-clock ns of a plain run's trial, from the phase log; None
+        where the log does not have it (an older run, a trial cut short)."""
+        name = trial_phase(row.stack, row.profile, row.repeat)
+        return phase_windows(self.phases).get(name)
+
+    def trial_telemetry(self, row: schema.SummaryRow, source: str) -> list[dict[str, Any]]:
+        """The telemetry rows of ``source`` (``engine``, ``nvml``, ``process``) sampled in
+        ``row``'s trial (none without its window)."""
+        window = self.trial_window(row)
+        if window is None:
+            return []
+        start, end = window
+        return [
+            t
+            for t in self.telemetry
+            if t.get("source") == source and start <= t.get("t_ns", 0) <= end
+        ]
 
     def offered_rate(self, profile: str) -> float | None:
         """Offered load (req/s) as the run recorded it: the capacity preflight's, else the rate."""

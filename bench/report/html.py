@@ -14,14 +14,19 @@ import argparse
 import base64
 from html import escape
 from pathlib import Path
-from typing import Any
 
-from bench.report import claims, plots
+from bench.report import claims, plots, slosets
 from bench.report.data import RunData, load_run, read_recovery
+from bench.report.htmlparts import cell as _cell
+from bench.report.htmlparts import table as _table
 from bench.report.parity import parity_section
-from harness import curves, metrics, schema
+from bench.report.workload_sections import lengths_section, prefix_cache_section, turns_section
+from harness import curves, schema
 from harness.curves import Interval
+from harness.errors import UsageError
 from harness.schema import SummaryRow, SweepSection
+from harness.slosets import SLO_SETS, slo_set
+from serving.cpus import layout_text
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "{:.0f}"),
@@ -55,27 +60,6 @@ th{background:#f0f0f0}td.l,th.l{text-align:left}
 .invalid{background:#fff3cd}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 .mismatch{background:#fde2e1;color:#c0392b;font-weight:bold}
 """
-
-
-def _cell(value: Any, fmt: str) -> str:
-    if isinstance(value, int | float):
-        return fmt.format(value)
-    return escape(str(value)) if value is not None else "-"
-
-
-def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
-    head = "".join(
-        f"<th class='l'>{h}</th>" if i < left else f"<th>{h}</th>" for i, h in enumerate(headers)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td class='l'>{c}</td>" if i < left else f"<td>{c}</td>" for i, c in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _summary_cells(entry: SummaryRow) -> list[str]:
@@ -283,11 +267,8 @@ def _validity_section(run: RunData) -> str:
     return f"<h2>Run validity flags</h2><ul>{lis}</ul>"
 
 
-def _claims_section(run: RunData) -> str:
-    """The claims table, from the verdicts it also writes to ``claims.json``."""
-    results = claims.evaluate(run)
-    if run.path.is_dir():
-        claims.write(run.path, results)
+def _claims_section(results: list[claims.ClaimResult]) -> str:
+    """The claims table, from the verdicts written to ``claims.json``."""
     rows = []
     for result in results:
         css = result.status.css
@@ -306,7 +287,8 @@ def _claims_section(run: RunData) -> str:
     return (
         "<h2>Seed-study claims</h2><p>Each claim from docs/design.md against this run's "
         "measurements; the rule column says how the verdict was reached, the verdict column why "
-        "a claim is undecided.</p>"
+        "a claim is undecided. The figure <i>claim_trials</i> below shows each trial's figure "
+        "beside the interval it was decided on.</p>"
         + _table(["claim", "claimed", "measured", "verdict", "rule"], rows, left=5)
     )
 
@@ -328,6 +310,7 @@ def _faults_section(run: RunData) -> str:
 
 
 RECOVERY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("trial", "{:.0f}"),
     ("requests", "{:.0f}"),
     ("failed", "{:.0f}"),
     ("lost", "{:.0f}"),
@@ -361,125 +344,24 @@ def _recovery_section(run: RunData) -> str:
     )
 
 
-NOT_AVAILABLE = "n/a"
-LENGTH_KEYS: tuple[str, ...] = ("mean", "p10", "p50", "p90", "p99")
+def _chaos_trials_section(run: RunData) -> str:
+    """Profile D's errors and retries per experiment and trial, and its refusal figures, as
+    ``zl-bench`` printed them (``chaos.runner``)."""
+    from chaos.runner import fault_table, refusal_table
 
-
-def _or_na(value: float | None, fmt: str) -> str:
-    """A figure, or "n/a" where the stack did not report it (never a misleading 0)."""
-    return NOT_AVAILABLE if value is None else fmt.format(value)
-
-
-def _length_cells(stats: schema.LengthStats) -> list[str]:
-    return [f"{stats.count}", *(_or_na(getattr(stats, k), "{:.1f}") for k in LENGTH_KEYS)]
-
-
-def _lengths_section(run: RunData) -> str:
-    """Every profile's prompt and output lengths in tokens as sent and answered, beside the
-    workload file's own distribution where the run recorded it."""
-    rows = []
-    for profile in run.profiles:
-        workload = run.workload_lengths(profile)
-        for which, lengths in (
-            ("input", metrics.input_lengths),
-            ("output", metrics.output_lengths),
-        ):
-            for stack in run.stacks:
-                recs = run.records.get((stack, profile))
-                if recs:
-                    rows.append(
-                        [escape(profile), which, escape(stack), *_length_cells(lengths(recs))]
-                    )
-            if which in workload:
-                rows.append(
-                    [escape(profile), which, "workload file", *_length_cells(workload[which])]
-                )
+    rows = read_recovery(run.path)
     if not rows:
         return ""
-    headers = ["profile", "tokens", "source", "count", "mean", "p10", "p50", "p90", "p99"]
-    note = (
-        "<p>Input: prompt tokens of every request sent; output: tokens of completed requests; "
-        "the workload file's rows are its own distribution.</p>"
+    text = fault_table(rows) + (
+        "\n\n" + refusal_table(rows) if any(r.refusal for r in rows) else ""
     )
-    return "<h2>Input and output lengths (tokens)</h2>" + note + _table(headers, rows, left=3)
-
-
-def _turns_section(run: RunData) -> str:
-    """Per multi-turn profile, per stack and turn: requests, completions, TTFT percentiles and
-    mean prompt tokens (the history grows turn by turn)."""
-    parts = []
-    for profile in run.turn_profiles:
-        rows = [
-            [
-                escape(stack),
-                f"{t.turn}",
-                f"{t.count}",
-                f"{t.completed}",
-                _cell(t.p50_ttft_ms, "{:.2f}"),
-                _cell(t.p90_ttft_ms, "{:.2f}"),
-                _cell(t.p99_ttft_ms, "{:.2f}"),
-                f"{t.mean_prompt_tokens:.1f}",
-            ]
-            for stack in run.stacks
-            for t in metrics.by_turn(run.records.get((stack, profile), []))
-        ]
-        headers = [
-            "stack",
-            "turn",
-            "requests",
-            "completed",
-            "TTFT p50 (ms)",
-            "TTFT p90 (ms)",
-            "TTFT p99 (ms)",
-            "mean prompt tokens",
-        ]
-        parts.append(f"<h3>By turn: {escape(profile)}</h3>" + _table(headers, rows, left=1))
-    return "<h2>Multi-turn sessions</h2>" + "".join(parts) if parts else ""
-
-
-def _prefix_cache_profiles(run: RunData) -> list[str]:
-    """Multi-turn profiles, and any other whose stacks reported prefix-cache lookups."""
-    turned = set(run.turn_profiles)
-    return [
-        p
-        for p in run.profiles
-        if p in turned or any(run.prefix_cache(s, p).queries for s in run.stacks)
-    ]
-
-
-def _prefix_cache_section(run: RunData) -> str:
-    """Per stack: the engines' prefix-cache hit rate and prefilled tokens per request."""
-    rows = []
-    for profile in _prefix_cache_profiles(run):
-        for stack in run.stacks:
-            cache = run.prefix_cache(stack, profile)
-            rate = None if cache.hit_rate is None else 100 * cache.hit_rate
-            rows.append(
-                [
-                    escape(stack),
-                    escape(profile),
-                    _or_na(cache.queries, "{:.0f}"),
-                    _or_na(cache.hits, "{:.0f}"),
-                    _or_na(rate, "{:.1f} %"),
-                    _or_na(cache.prefilled_per_request, "{:.1f}"),
-                ]
-            )
-    if not rows:
-        return ""
-    headers = [
-        "stack",
-        "profile",
-        "prompt tokens looked up",
-        "cache hits (tokens)",
-        "hit rate",
-        "prefilled tokens / request",
-    ]
-    note = (
-        "<p>From the engines' <code>vllm:prefix_cache_queries</code> and "
-        "<code>vllm:prefix_cache_hits</code> over the profile, summed over replicas; n/a where "
-        "the stack's engines reported no lookups (no engine telemetry, or no prefix cache).</p>"
+    return (
+        "<h2>Errors, retries and refusals per experiment (profile D)</h2><p>Errors and retries "
+        "in each fault's window against the steady state before it; refusal latency in ms to "
+        "the microsecond, the notice time from the engine crossing its refusal threshold to "
+        "the first refusal ('&gt;': none came before the pressure ended), and the requests "
+        f"admitted into the full replica meanwhile.</p><pre>{escape(text)}</pre>"
     )
-    return "<h2>Prefix cache</h2>" + note + _table(headers, rows, left=2)
 
 
 def _telemetry_section(run: RunData) -> str:
@@ -505,9 +387,27 @@ def _image(path: Path) -> str:
     )
 
 
-def render(run_dir: str | Path) -> Path:
-    """Re-draw the plots and write ``report.html`` for a results directory; returns its path."""
+def _slo_set_section(run: RunData, name: str | None) -> str:
+    """The run judged against the SLO set asked for (here, else at the run), written to
+    ``slo-<set>.json``; nothing when none was."""
+    name = name or run.meta.config.get("slo_set")
+    if not name:
+        return ""
+    try:
+        chosen = slo_set(str(name))
+    except ValueError as exc:
+        raise UsageError(f"--slo-set: {exc}") from None
+    results = slosets.judge_run(run, chosen)
+    slosets.write(run.path, results)
+    return slosets.html_section(results, chosen)
+
+
+def render(run_dir: str | Path, slo_set_name: str | None = None) -> Path:
+    """Re-draw the plots and write ``report.html`` for a results directory (judged against
+    ``slo_set_name`` or the run's own ``--slo-set``); returns its path."""
     run = load_run(run_dir)
+    decided = claims.evaluate(run)
+    claims.write(run.path, decided)
     images = plots.render_all(run)
     sweep = run.sweep
     meta = run.meta
@@ -516,6 +416,7 @@ def render(run_dir: str | Path) -> Path:
         ("scale", run.scale),
         ("engine", meta.engine),
         *((f"stack {name}", label) for name, label in meta.stack_labels().items()),
+        ("cpu layout", layout_text(meta.config)),
         ("loader", meta.loader or "?"),
         ("seed", meta.seed if meta.seed is not None else "per profile"),
         ("git revision", meta.git_revision),
@@ -540,12 +441,14 @@ def render(run_dir: str | Path) -> Path:
         parity_section(run.meta.parity),
         _points_section(sweep) if sweep is not None else "",
         _summary_section(run),
-        _turns_section(run),
-        _prefix_cache_section(run),
-        _lengths_section(run),
-        _claims_section(run),
+        turns_section(run),
+        prefix_cache_section(run),
+        lengths_section(run),
+        _claims_section(decided),
+        _slo_set_section(run, slo_set_name),
         _faults_section(run),
         _recovery_section(run),
+        _chaos_trials_section(run),
         _telemetry_section(run),
         "<h2>Plots</h2>",
         _host_note(run),
@@ -560,9 +463,14 @@ def render(run_dir: str | Path) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``zl-bench report``'s arguments."""
     parser.add_argument("run", type=Path, help="a run's results directory, e.g. results/<run-id>")
+    parser.add_argument(
+        "--slo-set",
+        help=f"also judge the run against a named SLO set ({', '.join(sorted(SLO_SETS))}); "
+        "default: the one the run was asked for, if any",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Render the report; a path that is not a run directory is a UsageError (exit 2)."""
-    print(f"wrote {render(args.run)}")
+    print(f"wrote {render(args.run, args.slo_set)}")
     return 0

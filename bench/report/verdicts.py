@@ -33,10 +33,14 @@ class Status(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Band:
-    """The held side of a rule's threshold: figures from ``low`` to ``high``."""
+    """The held side of a rule's threshold: figures from ``low`` to ``high`` (None: no upper
+    bound; None rather than infinity so that ``claims.json`` holds it as JSON)."""
 
     low: float
-    high: float = math.inf
+    high: float | None = None
+
+    def text(self) -> str:
+        return f">= {self.low:g}" if self.high is None else f"{self.low:g} to {self.high:g}"
 
 
 def decide(figure: Interval, band: Band) -> Status:
@@ -44,9 +48,10 @@ def decide(figure: Interval, band: Band) -> Status:
     one side, undecided when it crosses a threshold; not measured without a figure."""
     if figure.value is None or figure.low is None or figure.high is None:
         return Status.NOT_MEASURED
-    if band.low <= figure.low and figure.high <= band.high:
+    high = math.inf if band.high is None else band.high
+    if band.low <= figure.low and figure.high <= high:
         return Status.HELD
-    if figure.high < band.low or figure.low > band.high:
+    if figure.high < band.low or figure.low > high:
         return Status.NOT_HELD
     return Status.UNDECIDED
 

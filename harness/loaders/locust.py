@@ -12,16 +12,17 @@ statistics are saved next to them and returned in ``extra['locust_stats']``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from harness.loaders.base import LoadResult, make_result, new_record, replica_counts, write_plan
 from harness.loaders.child import ChildLoader, ChildRun
+from harness.loaders.locust_workers import CHILD, MASTER, WORKER, LocustWorker, child_env
+from harness.loaders.sharded import shards
 from harness.schema import RequestRecord, read_requests
 from harness.workload import PlannedRequest
 
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
 
 SPAWN_RATE: Final = 100
 NOT_SENT: Final = "not_sent"
-_CHILD: Final = (
-    "from gevent import monkey; monkey.patch_all()\n"
-    "import sys\n"
-    "from harness.loaders.locust_child import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 
 
 def start_delay_s(users: int) -> float:
@@ -45,10 +40,16 @@ def start_delay_s(users: int) -> float:
 
 
 def run_locust(
-    child: ChildRun, *, users: int = 32, ca_cert: str | Path | None = None
+    child: ChildRun,
+    *,
+    users: int = 32,
+    ca_cert: str | Path | None = None,
+    workers: int | None = None,
 ) -> LoadResult:
     """Run the schedule through locust, request ``i`` to ``child.routes[i]`` (HTTP/1.1), and
-    summarise it; ``ca_cert`` is the certificate to trust for https URLs (the run's own)."""
+    summarise it; ``ca_cert`` is the certificate to trust for https URLs (the run's own).
+    ``workers``: locust's own distributed mode on the run's Ray cluster
+    (``harness.loaders.locust_workers``)."""
     schedule, workdir, records_path = child.schedule, child.workdir, child.records_path
     records_path.unlink(missing_ok=True)
     stats_path = workdir / "locust-stats.json"
@@ -66,9 +67,14 @@ def run_locust(
         "extra_body": dict(child.extra_body),
         "auth_headers": dict(child.auth_headers or {}),
     }
-    config_path = workdir / "locust-config.json"
-    config_path.write_text(json.dumps(config))
-    _run_child(config_path, workdir, _time_bound_s(schedule, users, child.grace_s))
+    bound_s = _time_bound_s(schedule, users, child.grace_s)
+    placed: list[dict[str, Any]] = []
+    if workers:
+        placed = _run_distributed(child, config, workers, bound_s)
+    else:
+        config_path = workdir / "locust-config.json"
+        config_path.write_text(json.dumps(config))
+        _run_child([sys.executable, "-c", CHILD, str(config_path)], workdir, bound_s)
     records = _every_scheduled(schedule, records_path, child.stack, child.profile)
     unsent = sum(1 for r in records if r.error_code == NOT_SENT)
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
@@ -84,6 +90,7 @@ def run_locust(
             "users": users,
             "arrival": "schedule (each user sleeps until its request's intended time)",
             "per_replica": replica_counts(records),
+            **({"workers": placed} if workers else {}),
         },
         protocol="http/1.1",
         lag_fraction=child.lag_fraction,
@@ -97,24 +104,64 @@ def _time_bound_s(schedule: Sequence[PlannedRequest], users: int, grace_s: float
     return start_delay_s(users) + span + longest + 60.0
 
 
-def _run_child(config_path: Path, workdir: Path, timeout_s: float) -> None:
-    """The gevent-patched child that runs locust; its stderr is kept as ``locust.log``."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-    }
+def _run_child(command: Sequence[str], workdir: Path, timeout_s: float) -> None:
+    """The gevent-patched child that runs locust (alone, or a distributed run's master); its
+    stderr is kept as ``locust.log``."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(config_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
+        list(command), env=child_env(), capture_output=True, text=True, timeout=timeout_s,
         check=False,
-    )
+    )  # fmt: skip
     (workdir / "locust.log").write_text(proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"locust run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _run_distributed(
+    child: ChildRun, config: dict[str, Any], workers: int, bound_s: float
+) -> list[dict[str, Any]]:
+    """A master here and ``workers`` workers on the cluster's loader nodes, each with its
+    shard; their records written to the run's records file. Each worker's record (node,
+    records, exit status) for the result."""
+    import ray
+
+    from harness.cluster.placement import LOADERS
+    from harness.cluster.session import current
+    from harness.stacks.processes import free_port
+
+    session = current()
+    if session is None:
+        raise RuntimeError("locust workers run on a Ray cluster: open a cluster session first")
+    host = ray.util.get_node_ip_address()
+    shared = {**config, "master_host": host, "master_port": free_port(host), "bound_s": bound_s}
+    nodes = session.assign(LOADERS, workers)
+    actors = [session.actor_on(LocustWorker, f"zl-locust-{i}", node, num_cpus=0)
+              for i, node in enumerate(nodes)]  # fmt: skip
+    route = dict(zip((r.request_id for r in child.schedule), child.routes, strict=True))
+    starts = []
+    for i, (actor, part) in enumerate(zip(actors, shards(child.schedule, workers), strict=True)):
+        folder = child.workdir / f"worker-{i}"
+        paths = write_plan(part, [route[r.request_id] for r in part], folder, child.grace_s)
+        files = {path.name: path.read_bytes() for path in paths.values()}
+        starts.append(actor.start.remote(files, {**shared, "mode": WORKER}))
+    master = {**shared, "mode": MASTER, "bind_host": host, "workers": workers}
+    (child.workdir / "locust-master.json").write_text(json.dumps(master))
+    ray.get(starts)
+    _run_child([sys.executable, "-c", CHILD, str(child.workdir / "locust-master.json")],
+               child.workdir, bound_s)  # fmt: skip
+    ends = ray.get([a.finish.remote(60.0) for a in actors], timeout=bound_s)
+    with open(child.records_path, "ab") as out:
+        for data, _, _ in ends:
+            out.write(data)
+    return [
+        {
+            "node": node.label,
+            "node_id": node.node_id,
+            "records": data.count(b"\n"),
+            "exit": code,
+            "log_tail": "" if code == 0 else tail,
+        }
+        for node, (data, code, tail) in zip(nodes, ends, strict=True)
+    ]
 
 
 def _every_scheduled(
@@ -141,9 +188,11 @@ class LocustLoader(ChildLoader):
 
     name: str = field(default="locust", init=False)
     users: int | None = None
+    workers: int | None = None  # locust's own distributed mode: a master and N workers
 
     def run_child(self, child: ChildRun, stack: Stack, profile: Profile) -> LoadResult:
         """Locust with the profile's connections as users, trusting the stack's certificate."""
-        result = run_locust(child, users=self.users or profile.connections, ca_cert=stack.tls_ca)
+        users = self.users or profile.connections
+        result = run_locust(child, users=users, ca_cert=stack.tls_ca, workers=self.workers)
         result.extra["arrival_requested"] = profile.process
         return result

@@ -4,6 +4,11 @@ Started by ``run_locust`` in a child Python that has already gevent-patched the 
 this is the only module that imports locust. Users take the plan's requests in order; each sleeps
 until its request's intended send time, so arrivals follow the schedule while enough users are
 free (a late one shows as scheduling lag), and posts it to the replica the plan names.
+
+In locust's own distributed mode (``--loader-workers``) the config's ``mode`` is ``master`` (on
+the driver's host: it waits for its workers, sends them one start time, spawns the users across
+them, keeps the stats, and quits once every worker says its plan is done) or ``worker`` (on a
+cluster node: its shard of the plan, its own records file, the master's start time).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from locust.runners import Runner
 
 from harness.loaders.base import new_record
 from harness.loaders.locust import SPAWN_RATE, start_delay_s
+from harness.loaders.locust_workers import DONE, MASTER, START, WORKER
 from harness.schema import JsonlWriter, RequestRecord
 from harness.workload import PlannedRequest
 from serving.wire import contract
 
 PATH = "/v1/completions"
+CONNECT_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -47,10 +54,23 @@ class _Run:
     wall0: int = field(default_factory=time.time_ns)
     perf0: int = field(default_factory=time.perf_counter_ns)
     runner: Runner | None = None
+    start_wall_ns: int | None = None  # the master's start time (distributed mode)
 
     @property
     def start_ns(self) -> int:
+        if self.start_wall_ns is not None:
+            return self.perf0 + (self.start_wall_ns - self.wall0)
         return self.perf0 + int(start_delay_s(self.cfg["users"]) * 1e9)
+
+    def all_ended(self) -> None:
+        """Every request of the plan has ended: quit (alone), or tell the master (a worker)."""
+        if self.runner is None:
+            return
+        if self.cfg.get("mode") == WORKER:  # its stats first, as locust's own quit sends them
+            self.runner._send_stats()  # type: ignore[attr-defined]
+            self.runner.send_message(DONE, {"requests": len(self.plan)})
+        else:
+            gevent.spawn(self.runner.quit)
 
     def wall(self, perf_ns: int) -> int:
         return self.wall0 + (perf_ns - self.perf0)
@@ -147,8 +167,8 @@ def _send_next(client: HttpSession, run: _Run) -> None:
         if rec.outcome == "error" and not rec.error_code:
             rec.error_code = f"http_{rec.http_status}"
         run.writer.write(rec)
-        if next(run.ended) == len(run.plan) and run.runner is not None:
-            gevent.spawn(run.runner.quit)
+        if next(run.ended) == len(run.plan):
+            run.all_ended()
 
 
 def _user_class(run: _Run) -> type[HttpUser]:
@@ -181,21 +201,84 @@ def _write_stats(env: Environment, path: Path) -> None:
     path.write_text(json.dumps(stats))
 
 
+def _bound_s(cfg: dict[str, Any], plan: Sequence[dict[str, Any]]) -> float:
+    """The run's wall-clock bound: spawn, the plan's span, its longest request, a margin."""
+    span = plan[-1]["offset_s"] if plan else 0.0
+    longest = max((p["timeout_ms"] for p in plan), default=0) / 1000.0
+    return float(cfg.get("bound_s") or start_delay_s(cfg["users"]) + span + longest + 5.0)
+
+
+def _master(cfg: dict[str, Any]) -> int:
+    """The master of a distributed run: its workers connected, one start time sent to them,
+    the users spawned across them, done when every worker has finished its shard."""
+    env = Environment(user_classes=[_placeholder_user()], events=events)
+    runner = env.create_master_runner(cfg["bind_host"], int(cfg["master_port"]))
+    done = itertools.count(1)
+
+    def on_done(msg: Any, **_: Any) -> None:
+        if next(done) == cfg["workers"]:
+            gevent.spawn(runner.quit)
+
+    runner.register_message(DONE, on_done)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while len(runner.clients.ready) < cfg["workers"]:
+        if time.monotonic() > deadline:
+            runner.quit()
+            return 1
+        gevent.sleep(0.1)
+    start_ns = time.time_ns() + int(start_delay_s(cfg["users"]) * 1e9)
+    runner.send_message(START, {"start_wall_ns": start_ns})
+    runner.start(cfg["users"], spawn_rate=SPAWN_RATE)
+    gevent.spawn_later(_bound_s(cfg, []), runner.quit)
+    runner.greenlet.join()
+    _write_stats(env, Path(cfg["stats"]))
+    return 0
+
+
+def _placeholder_user() -> type[HttpUser]:
+    """The master's user class: the workers' by name (the master never runs one)."""
+
+    class PlanUser(HttpUser):
+        host = "http://127.0.0.1"
+        wait_time = constant(0)
+
+        @task
+        def send(self) -> None:
+            raise StopUser()
+
+    return PlanUser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the plan headless, bounded by its span plus its longest request plus a margin."""
+    """Run the plan headless, bounded by its span plus its longest request plus a margin: alone
+    (``mode`` local), or as a master or a worker of locust's distributed mode."""
     args = argparse.ArgumentParser(prog="harness.loaders.locust_child", description=__doc__)
     args.add_argument("config")
     cfg = json.loads(Path(args.parse_args(argv).config).read_text())
+    if cfg.get("mode") == MASTER:
+        return _master(cfg)
     plan = json.loads(Path(cfg["plan"]).read_text())
     fillers = json.loads(Path(cfg["fillers"]).read_text())
     with JsonlWriter(cfg["records"]) as writer:
         run = _Run(cfg, plan, fillers, writer)
         env = Environment(user_classes=[_user_class(run)], events=events)
-        run.runner = env.create_local_runner()
-        span = plan[-1]["offset_s"] if plan else 0.0
-        longest = max((p["timeout_ms"] for p in plan), default=0) / 1000.0
-        run.runner.start(cfg["users"], spawn_rate=SPAWN_RATE)
-        gevent.spawn_later(start_delay_s(cfg["users"]) + span + longest + 5.0, run.runner.quit)
+        if cfg.get("mode") == WORKER:
+            run.runner = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
+            run.runner.register_message(
+                START, lambda msg, **_: _started(run, msg.data["start_wall_ns"])
+            )
+        else:
+            run.runner = env.create_local_runner()
+            run.runner.start(cfg["users"], spawn_rate=SPAWN_RATE)
+            gevent.spawn_later(_bound_s(cfg, plan), run.runner.quit)
         run.runner.greenlet.join()
-    _write_stats(env, Path(cfg["stats"]))
+    if cfg.get("mode") != WORKER:
+        _write_stats(env, Path(cfg["stats"]))
     return 0
+
+
+def _started(run: _Run, start_wall_ns: int) -> None:
+    """A worker told the start time: its plan goes from then (an empty shard is done now)."""
+    run.start_wall_ns = int(start_wall_ns)
+    if not run.plan:
+        run.all_ended()

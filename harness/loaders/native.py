@@ -198,6 +198,7 @@ class _Dispatcher:
         labels: tuple[str, str, str],
         slack_s: float,
         max_in_flight: int | None,
+        start_wall_ns: int | None = None,
     ) -> None:
         self.records = records
         self.stack, self.profile, self.loader = labels
@@ -211,7 +212,10 @@ class _Dispatcher:
         self.all_ended: asyncio.Future[None] = self.loop.create_future()
         self.dispatching = True
         self.wall0, self.perf0 = time.time_ns(), time.perf_counter_ns()
-        self.start_ns = self.perf0 + int(START_DELAY_S * 1e9)
+        delay_ns = int(START_DELAY_S * 1e9)
+        if start_wall_ns is not None:  # a shared start (the sharded loader's workers)
+            delay_ns = max(0, start_wall_ns - self.wall0)
+        self.start_ns = self.perf0 + delay_ns
         self.next_ns = self.start_ns  # the next send's time: a progress refresh keeps clear of it
         self.spun_ns = 0
         self.done_callback = self.ended  # bound once: submit hands it over per request
@@ -383,6 +387,7 @@ async def run_schedule(
     lag_fraction: float = LAG_FRACTION_OF_MEDIAN,
     max_in_flight: int | None = None,
     backstop_s: float = BACKSTOP_S,
+    start_wall_ns: int | None = None,
 ) -> LoadResult:
     """Send ``schedule`` open-loop through ``send`` and return the summarised result.
 
@@ -399,12 +404,16 @@ async def run_schedule(
 
     ``progress``: a style (None is quiet) for a display labelled ``label`` (``stack / profile @
     rate`` by default), lines every ``progress_every_s``; or a ``PhaseProgress`` of the caller's.
+    ``start_wall_ns``: the wall-clock time the schedule's offset 0 falls on (several loaders
+    anchored to one start); by default ``START_DELAY_S`` from now.
     """
     sender = send if isinstance(send, Sender) else Sender(send)
     slack_s = grace_s + backstop_s
     shown = _progress_for(progress, schedule, (label, stack, profile), progress_every_s)
     records = _Records(Path(records_path), shown)
-    run = _Dispatcher(sender, records, (stack, profile, loader), slack_s, max_in_flight)
+    run = _Dispatcher(
+        sender, records, (stack, profile, loader), slack_s, max_in_flight, start_wall_ns
+    )
     bound_s = _longest_s(schedule, slack_s) + 1.0
     cpu_ns = await _send_all(run, schedule, shown, int(spin_s * 1e9), bound_s)
     return make_result(

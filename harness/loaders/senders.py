@@ -78,10 +78,12 @@ def copy_timing(timing: Timing, rec: RequestRecord, tokens: int) -> None:
     rec.chunk_ns = list(timing.chunk_ns)
     rec.http_status = timing.status
     rec.retries = timing.retries
+    rec.attempts = timing.attempts
     rec.replica = timing.replica
     rec.output_tokens = timing.output_tokens or tokens
     rec.error_code = timing.error_code
     rec.outcome = _OUTCOMES[timing.outcome]
+    rec.refused_ns = timing.refused_ns if rec.outcome == "error" else 0
 
 
 class _RequestArgs(TypedDict):

@@ -7,6 +7,7 @@ results directory exists.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,8 @@ from harness.datasets import describe_workload
 from harness.errors import UsageError
 from harness.loaders import needs_tls
 from harness.metrics import Slo, override_slos
-from harness.profile import PROFILES, Profile, WorkloadChoice, load_profile
-from harness.promptfit import class_fits, context_length
+from harness.profile import DEFAULT_PROFILES, Profile, WorkloadChoice, load_profile
+from harness.promptfit import class_fits, context_length, fit_profiles
 from harness.runner.console import say
 from harness.schema import to_data
 from harness.stacks import (
@@ -31,6 +32,7 @@ from harness.stacks import (
     check_spec,
     stand_up,
 )
+from serving.cpus import CpuLayout, LayoutError, choose_layout
 from serving.engine.kinds import engine_kind
 from serving.engine.tokenrules import BYTES_RULE, TokenRule
 
@@ -43,7 +45,7 @@ class RunConfig:
     """What a run was asked to do; saved verbatim in run.json."""
 
     scale: str = "laptop"
-    profiles: tuple[str, ...] = PROFILES
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
     stacks: tuple[StackName, ...] = tuple(StackName(s) for s in STACKS)
     engine: str = "sim"
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +57,7 @@ class RunConfig:
     baseline_url: str = ""
     ray_address: str | None = None
     baseline_router: BaselineRouter | None = None  # None: each baseline's own default
+    baseline_stream_batching_ms: float | None = None  # None: Ray Serve LLM's own default
     telemetry_interval_s: float = 0.25
     slos: tuple[Slo, ...] = ()
     quiet: bool = False
@@ -62,6 +65,11 @@ class RunConfig:
     workload: WorkloadChoice | None = None  # --workload: every profile's source replaced
     allow_mismatch: bool = False  # --allow-mismatch: stacks' engine settings may differ
     repeats: int | None = None  # --repeats; None: DEFAULT_REPEATS (a sweep: the profile's)
+    slo_set: str | None = None  # --slo-set: a named set the report judges every trial against
+    placement: str | None = None  # --placement: which nodes host what (with --ray-address)
+    loader_workers: int | None = None  # --loader-workers: the loader as N Ray actors
+    experiments: tuple[str, ...] = ()  # --experiments: profile D's (default: all that apply)
+    cpu_layout: CpuLayout | None = None  # vLLM engines' cores and the rest's (serving.cpus)
 
     @property
     def trials(self) -> int:
@@ -84,19 +92,43 @@ class RunConfig:
             ray_address=self.ray_address,
             baseline_router=self.baseline_router,
             credentials=credentials,
+            baseline_stream_batching_ms=self.baseline_stream_batching_ms,
+            cpu_layout=None if urls else self.cpu_layout,
         )
 
 
 def load_profiles(config: RunConfig) -> list[Profile]:
     """The profiles asked for, at the run's scale and seed, with the command line's SLOs over
-    each profile's own."""
+    each profile's own, inside the engine's context where it is known
+    (``harness.promptfit.fit_profiles``: a class whose output leaves no room refused, sessions
+    cut to the turns that fit, each said in a line; none left is the user's mistake)."""
     try:
         profiles = [load_profile(name, config.scale, config.seed) for name in config.profiles]
         if config.workload is not None:
             profiles = [p.with_workload(config.workload) for p in profiles]
+        profiles, lines = fit_profiles(profiles, context_length(config.engine_options))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    for line in lines:
+        say(line)
     return [p.with_slos(override_slos(p.slos, config.slos)) for p in profiles]
+
+
+def fit_engine_to_model(config: RunConfig) -> RunConfig:
+    """``config`` with its engine options fitted to the model they name (the engine kind's
+    ``fit_to_model``: ``max_model_len`` the model's own unless given, capped to the KV cache),
+    each thing read or adapted said once; a model the engine cannot serve is the user's
+    mistake. Stacks already running keep their own settings: nothing is fitted when every
+    stack is one."""
+    if all(config.spec(name).urls for name in config.stacks):
+        return config
+    try:
+        fit = engine_kind(config.engine).fit_to_model(config.engine_options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    for note in fit.notes:
+        say(note)
+    return dataclasses.replace(config, engine_options=fit.options)
 
 
 def check_external(config: RunConfig) -> None:
@@ -165,3 +197,18 @@ def workload_stats(profile: Profile, rule: TokenRule) -> dict[str, Any]:
             "output": to_data(stats.output_tokens),
         }
     }
+
+
+def cpu_layout(engine: str, replicas: int, given: str | None) -> CpuLayout | None:
+    """The run's CPU layout: for an engine with compute threads of its own to place (vLLM), the
+    ``--cpu-layout`` given or the split of the cores available, one core list per engine
+    replica; None for the others (nothing of theirs is pinned). A layout that cannot be made is
+    the user's mistake, said in one line."""
+    if not engine_kind(engine).serves_vllm:
+        if given:
+            raise UsageError(f"--cpu-layout places vLLM's engines; the {engine} engine has none")
+        return None
+    try:
+        return choose_layout(given, replicas)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None

@@ -3,17 +3,21 @@ telemetry phase, measured into one summary row."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import schema
-from harness.loaders import LoadResult, ProgressStyle, loader_with
+from harness.loaders import Loader, LoadResult, ProgressStyle, loader_with
+from harness.loaders.k6 import K6Loader
+from harness.loaders.locust import LocustLoader
+from harness.loaders.sharded import ShardedLoader
 from harness.metrics import goodput
 from harness.profile import Profile, WorkloadSource
 from harness.promptfit import context_length, fit_classes
 from harness.runner.config import RunConfig
-from harness.runner.priority import loader_priority
+from harness.runner.priority import loader_cores, loader_nice, loader_priority
 from harness.runner.sampling import Telemetry, phase
 from harness.schema import SummaryRow
 from harness.stacks import Stack
@@ -75,6 +79,17 @@ def summary_row(result: LoadResult, profile: Profile, offered: float, host: Host
     return row
 
 
+def run_loader(config: RunConfig, style: ProgressStyle) -> Loader:
+    """The run's loader: in this process, or as ``--loader-workers`` Ray actors on the cluster
+    (each loader thread at the loader's priority)."""
+    chosen = loader_with(config.loader, progress=style)
+    if not config.loader_workers:
+        return chosen
+    if isinstance(chosen, K6Loader | LocustLoader):  # their own distributed modes
+        return dataclasses.replace(chosen, workers=config.loader_workers)
+    return ShardedLoader(config.loader_workers, progress=style, nice=loader_nice())
+
+
 def measure(load: LoadPhase, stack: Stack, config: RunConfig, tele: Telemetry) -> SummaryRow:
     """The schedule through the run's loader at raised priority, inside its phase, with the
     host's CPU measured around it and the stack's prefix-cache counters over it in the row."""
@@ -82,8 +97,8 @@ def measure(load: LoadPhase, stack: Stack, config: RunConfig, tele: Telemetry) -
     style = ProgressStyle.QUIET if config.quiet else ProgressStyle.AUTO
     profile, schedule = load.profile, load.schedule
     with phase(tele.phases, load.name, stack=stack.name, profile=profile.name, **load.tags):
-        with measure_host_cpu() as host, loader_priority():
-            chosen = loader_with(config.loader, progress=style)
+        with measure_host_cpu() as host, loader_priority(), loader_cores(config.cpu_layout):
+            chosen = run_loader(config, style)
             result = chosen.run(schedule, stack, profile, load.records, load.workdir)
         row = summary_row(result, profile, nominal_rate(profile, schedule), host[0])
     row.prefix_cache = tele.prefix_cache(stack, load.name, before, row.completed)

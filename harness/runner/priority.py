@@ -1,10 +1,13 @@
-"""The loader's CPU priority: raised above the stacks' it drives, where this process may."""
+"""The loader's CPU priority, raised above the stacks' it drives where this process may, and
+its cores: those a CPU layout leaves to the loader and the layers."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
+
+from serving.cpus import CpuLayout
 
 LOADER_NICE = -5
 
@@ -40,3 +43,19 @@ def loader_nice() -> int:
         return before
     os.setpriority(os.PRIO_PROCESS, 0, before)
     return LOADER_NICE
+
+
+@contextlib.contextmanager
+def loader_cores(layout: CpuLayout | None) -> Iterator[None]:
+    """Run the loader thread (and the loader processes it starts) on the cores ``layout`` leaves
+    to the loader and the layers, off the engines' cores; restored afterwards. Nothing without a
+    layout, or with one that leaves no core of its own to them."""
+    if layout is None or not layout.rest:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, layout.rest)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

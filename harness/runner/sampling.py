@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from harness import schema
+from harness.cluster import current
 from harness.metrics import prefix_cache_stats
 from harness.runner.results import RunDir
 from harness.schema import PrefixCacheStats, TelemetryInfo
 from harness.stacks import Stack
+from harness.stacks.placed import NodeTelemetry, watch_placed
 from harness.telemetry import (
     Component,
     EngineSource,
@@ -50,7 +52,7 @@ class Telemetry:
         self.procs.add(Component("loader", os.getpid(), "loader"))
         self.watched: dict[str, list[EngineTarget]] = {}
         self.sampler = Sampler(
-            [NvmlSource(), self.engines, self.procs],
+            [NvmlSource(), self.engines, self.procs, NodeTelemetry()],
             run.path / schema.TELEMETRY,
             interval_s,
             self.phases,
@@ -62,12 +64,16 @@ class Telemetry:
         return self.sampler.describe()
 
     def watch(self, stack: Stack) -> None:
+        """The stack's engines, and its processes: by the agent of the node each runs on when
+        the run placed them on a cluster, else here."""
         self.watched[stack.name] = stack.engine_targets()
         for target in self.watched[stack.name]:
             self.engines.add(target)
-        for role, pids in stack.pids().items():
-            for i, pid in enumerate(pids):
-                self.procs.add(Component(f"{stack.name}-{role}-{i}", pid, role, stack.name))
+        session = current()
+        components = stack.components()
+        if session is None or not watch_placed(session, stack.name, components):
+            for component in components:
+                self.procs.add(component)
 
     def last_reads(self, stack: Stack) -> dict[str, dict[str, Any]]:
         """Each engine's counters read once more after the last request (the sampler's last

@@ -52,7 +52,8 @@ def stack_session(
     """Stack ``name`` as the run's spec has it, in ``stack-<name>/`` of the results; warmed
     when this run started it (an external stack is driven as it is)."""
     spec = config.spec(name, run.credentials)
-    say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas)")
+    layout = f"; {spec.cpu_layout.text()}" if spec.cpu_layout else ""
+    say(f"standing up {name} ({config.engine} engine, {config.replicas} replicas{layout})")
     with stand_up(spec, run.path / f"stack-{name}") as stack:
         run.meta.stacks[name.value] = {**stack.metadata, "urls": stack.urls}
         run.save()

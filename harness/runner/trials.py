@@ -19,6 +19,7 @@ from typing import Final, TypeVar
 
 from harness import schema
 from harness.profile import Profile
+from harness.runner.cluster import check_cluster
 from harness.runner.config import RunConfig
 from harness.runner.console import row_outcome, say, turns_outcome
 from harness.runner.drive import LoadPhase, measure, nominal_rate, schedule_for
@@ -48,7 +49,9 @@ def measure_trial(
     repeat: int,
     settle_s: float = SETTLE_S,
 ) -> SummaryRow:
-    """One trial: the host-speed probe, the schedule through the loader, then a settle."""
+    """One trial: the host-speed probe, the schedule through the loader, then a settle. A
+    node of the cluster lost since the last trial stops the run first."""
+    check_cluster()
     speed = cpu_speed()
     row = measure(load, stack, config, tele)
     row.repeat, row.host_speed = repeat, round(speed)
@@ -61,9 +64,11 @@ def stacks_up(
     names: Sequence[StackName], config: RunConfig, run: RunDir, tele: Telemetry
 ) -> Iterator[list[Stack]]:
     """Every stack of ``names`` stood up (in that order) and warmed, all torn down however the
-    block ends (in reverse order)."""
+    block ends (in reverse order); a node of the cluster lost by the block's end stops the run
+    (its stacks torn down all the same)."""
     with contextlib.ExitStack() as up:
         yield [up.enter_context(stack_session(name, config, run, tele)) for name in names]
+        check_cluster()
 
 
 def trial_phase(stack: str, profile: str, repeat: int) -> str:

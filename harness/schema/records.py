@@ -30,6 +30,11 @@ class RequestRecord:
     ``chunk_ns`` holds the arrival time of every content chunk, the first one being TTFT.
     ``engine_ns`` is the time the request spent inside the engine by the serving side's own
     accounting (0 when the stack does not report it); the rest of its latency is the layer's.
+    ``refused_ns`` is when the client saw the refusal that ended an ``error`` request before any
+    output (its error status, or a stream reset; 0 otherwise): ``refused_ns - sent_ns`` is the
+    request's refusal latency. ``retries`` are the client's own (the zero-layer SDK's);
+    ``attempts`` what a layer that retries for its clients reports it made (the orchestrator's
+    ``zl-attempts``; 0 where none reports them), so that its retries are ``attempts - 1``.
     """
 
     request_id: str
@@ -54,10 +59,17 @@ class RequestRecord:
     priority: str = "normal"
     replica: str = ""
     retries: int = 0
+    attempts: int = 0
+    refused_ns: int = 0
     deadline_ms: int = 0
     engine_ns: int = 0
     # The request's turn in its session (1, 2, ...; 0 for a workload without turns).
     turn: int = 0
+
+
+def retries_of(rec: RequestRecord) -> int:
+    """Every retry a request took: the client's own and the serving layer's it reports."""
+    return rec.retries + max(0, rec.attempts - 1)
 
 
 def read_requests(path: str | Path) -> list[RequestRecord]:

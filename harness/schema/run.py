@@ -103,6 +103,53 @@ class Parity:
 
 
 @dataclass(slots=True)
+class PlacedProcess:
+    """One process the suite placed on a Ray cluster (run.json's ``cluster.processes``):
+    what it is (``group``: a stack's name, ``loader`` or ``telemetry``; ``role``: ``replica``,
+    ``engine``, ``orchestrator``, ``proxy``, ``controller``, ``loader-worker``,
+    ``node-agent``), where it runs (the node's id, its label and address, the pid there), the
+    address clients reach it at (a replica's URL), the Ray resources it holds and its log there."""
+
+    group: str
+    role: str
+    name: str
+    node_id: str
+    node: str = ""
+    node_ip: str = ""
+    pid: int | None = None
+    address: str = ""
+    resources: dict[str, float] = field(default_factory=dict)
+    log_path: str = ""
+
+
+@dataclass(slots=True)
+class NodeLoss:
+    """A node that left the cluster while the run used it: when it was seen gone, what it
+    hosted, and whether a chaos experiment took it (``expected``) or not."""
+
+    node_id: str
+    node: str
+    seen_ns: int
+    hosted: list[str] = field(default_factory=list)
+    expected: bool = False
+    cause: str = ""
+
+
+@dataclass(slots=True)
+class ClusterInfo:
+    """run.json's ``cluster``, for a run placed on a Ray cluster (``--ray-address``): its
+    address and the namespace of the run's actors, the placement file's record, the nodes as
+    the run found them, every process placed on them, and the nodes lost."""
+
+    address: str
+    namespace: str = ""
+    placement: dict[str, Any] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[PlacedProcess] = field(default_factory=list)
+    lost: list[NodeLoss] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class RunMeta:
     """run.json: what a run was asked to do, on what, and how it ended.
 
@@ -132,6 +179,7 @@ class RunMeta:
     telemetry: TelemetryInfo = field(default_factory=TelemetryInfo)
     loader_nice: int | None = None
     parity: Parity = field(default_factory=Parity)
+    cluster: ClusterInfo | None = None
     other: dict[str, Any] = field(default_factory=dict)
 
     @property

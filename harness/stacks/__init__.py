@@ -38,7 +38,7 @@ from harness.stacks.registry import (
     stand_up,
 )
 from harness.stacks.spec import Credentials, StackName, StackSpec, StackUnreachable
-from harness.stacks.stack import Fault, Restore, Stack, StackKind
+from harness.stacks.stack import Fault, Restore, Scaling, Stack, StackKind
 from harness.stacks.tls import client_tls
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "Http1Router",
     "ReplicaProcess",
     "Restore",
+    "Scaling",
     "Stack",
     "StackKind",
     "StackName",

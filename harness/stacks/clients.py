@@ -4,12 +4,14 @@ needs, and the reachability check of an external stack's URL."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import os
 import socket
+import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Unpack
+from typing import TYPE_CHECKING, Any, Final, Unpack, cast
 from urllib.parse import urlsplit
 
 from harness.stacks.spec import StackUnreachable
@@ -90,14 +92,56 @@ def client_for(
     raise ValueError(f"protocol must be h2 or http1, got {protocol!r}")
 
 
+def open_client(
+    protocol: str,
+    urls: Sequence[str],
+    tls_ca: Path | None = None,
+    *,
+    model: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+    api_key: str | None = None,
+    **options: Any,
+) -> ZeroLayerClient | Http1Client | Http1Router:
+    """The client of a stack at ``urls`` (``Stack.open_client``'s, and a loader worker's on
+    another node): naming ``model`` and adding ``extra_body`` to every request, sending
+    ``api_key`` by default; over HTTP/1.1 with several replicas an :class:`Http1Router` over
+    one client each."""
+    options.setdefault("model", model)
+    options.setdefault("extra_body", dict(extra_body or {}))
+    if api_key is not None:
+        options.setdefault("api_key", api_key)
+    if protocol == "http1" and len(urls) > 1:
+        clients = [client_for("http1", [url], tls_ca, **options) for url in urls]
+        return Http1Router([cast("Http1Client", c) for c in clients])
+    return client_for(protocol, urls, tls_ca, **options)
+
+
 def check_reachable(url: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """A TCP connect to the URL's host and port; raises StackUnreachable naming the URL."""
+    """The URL answers HTTP: a TCP connect to its host and port, then a ``GET /health`` whose
+    answer has an HTTP status line (any status: a front that refuses the path still speaks
+    HTTP). Raises StackUnreachable naming the URL and what failed."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise StackUnreachable(f"{url} is not an http:// or https:// URL")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         with socket.create_connection((parts.hostname, port), timeout=timeout_s):
-            return
+            pass
     except (OSError, ValueError) as exc:
         raise StackUnreachable(f"{url} is not reachable: {exc}") from exc
+    if parts.scheme == "https":
+        tls = ssl.create_default_context()
+        tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE  # liveness only
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout_s, context=tls
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise StackUnreachable(f"{url} does not answer HTTP ({reason})") from exc
+    finally:
+        conn.close()

@@ -14,13 +14,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import orjson
 import psutil
+
+from harness.errors import StartFailed
+from serving.cpus import CpuLayout, engine_cores, pin_threads
 
 LISTENING: Final = re.compile(r"zl-replica listening on (https?://\S+)")
 READY_TIMEOUT_S: Final = 60.0
@@ -41,16 +44,25 @@ def engine_args(engine: str, options: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def spawn_replica(command: Sequence[str], log_path: str | Path) -> subprocess.Popen[bytes]:
+def spawn_replica(
+    command: Sequence[str],
+    log_path: str | Path,
+    preexec: Callable[[], None] | None = None,
+    cpus: CpuLayout | None = None,
+    replica: int = 0,
+) -> subprocess.Popen[bytes]:
     """Start one ``zl-replica`` process, its output appended to ``log_path``, in a session of
-    its own (like a pod: what it starts, such as vLLM's engine core, goes with it)."""
-    with open(log_path, "ab") as log:
+    its own (like a pod: what it starts, such as vLLM's engine core, goes with it); ``preexec``
+    runs in the child before it starts (a node agent's fate-sharing); with ``cpus``, its engine
+    computes on engine ``replica``'s cores (its front end moves to the rest once it listens)."""
+    with open(log_path, "ab") as log, engine_cores(cpus, replica):
         return subprocess.Popen(
             list(command),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
+            preexec_fn=preexec,
         )
 
 
@@ -84,8 +96,61 @@ def kill_tree(pid: int) -> list[int]:
     return [p.pid for p in procs]
 
 
+# An exception's last line in a traceback (``ValueError: ...``, ``pkg.mod.SomeError: ...``),
+# also as vLLM's engine core prints it: ``(EngineCore pid=N) [ERROR 12-02 17:04:43 [f.py:1]] ``.
+EXCEPTION_LINE: Final = re.compile(
+    r"^(?:\([^)]*\)\s+)?(?:[A-Z]+ [\d-]+ [\d:]+ \[[^\]]*\]\s+)?"
+    r"(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (.+)$"
+)
+ROOT_CAUSE_ABOVE: Final = "root cause above"  # vLLM's engine core failed; its error is above
+REASON_CHARS: Final = 400
+
+
+def _exception_lines(lines: list[str]) -> list[str]:
+    """Each exception's line in the log, with the fields pydantic lists under a validation
+    error (vLLM's config classes) joined on: ``ValidationError: ModelConfig: ...``."""
+    found = []
+    for i, line in enumerate(lines):
+        match = EXCEPTION_LINE.match(line)
+        if not match:
+            continue
+        text = f"{match.group(1)}: {match.group(2)}"
+        if "validation error" in match.group(2):
+            details = []
+            for more in lines[i + 1 :]:
+                if not more.startswith(" ") or more.strip().startswith("For further information"):
+                    break
+                details.append(more.strip().removeprefix("Value error, "))
+            text = f"{match.group(1)}: {match.group(2).split(' for ')[-1]}: {' '.join(details)}"
+        found.append(text)
+    return found
+
+
+def exit_reason(text: str, prog: str = "zl-replica") -> str:
+    """Why a process exited at start, in one line, from its log: its own ``PROG: error:`` line
+    (with the engine core's error when that line says to look above), else the last exception
+    of a traceback, else its last line."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    errors = [
+        line.split(": error: ", 1)[1] for line in lines if line.startswith(f"{prog}: error: ")
+    ]
+    exceptions = _exception_lines(lines)
+    if errors:
+        reason = errors[-1]
+        causes = [e for e in exceptions if e not in reason and ROOT_CAUSE_ABOVE not in e]
+        if ROOT_CAUSE_ABOVE in reason and causes:
+            reason += f" Root cause: {causes[-1]}"
+    elif exceptions:
+        reason = exceptions[-1]
+    else:
+        reason = lines[-1] if lines else "no output"
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + "..."
+
+
 def wait_listening(log_path: str | Path, proc: subprocess.Popen[bytes], deadline: float) -> str:
-    """The URL a replica announces in its log once it listens; raises if it exits or times out."""
+    """The URL a replica announces in its log once it listens; StartFailed (its reason and log)
+    if it exits or times out first."""
     path = Path(log_path)
     while True:
         text = path.read_text(errors="replace") if path.exists() else ""
@@ -93,9 +158,9 @@ def wait_listening(log_path: str | Path, proc: subprocess.Popen[bytes], deadline
         if match:
             return match.group(1)
         if proc.poll() is not None:
-            raise RuntimeError(f"zl-replica exited at start: {text[-2000:]}")
+            raise StartFailed("zl-replica", exit_reason(text), path)
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"zl-replica did not listen in time: {text[-2000:]}")
+            raise StartFailed("zl-replica", f"not listening in time; {exit_reason(text)}", path)
         time.sleep(POLL_S)
 
 
@@ -125,6 +190,8 @@ class ReplicaProcess:
 
     ``command`` names the port the replica got, so chaos can start a killed replica again on the
     same address with the same command; :meth:`adopt` then makes that process this replica's.
+    ``host`` is the address it listens on (loopback here; a cluster node's own address when a
+    node agent starts it), ``preexec`` runs in the child before it starts.
     """
 
     def __init__(
@@ -139,8 +206,13 @@ class ReplicaProcess:
         log_path: str | Path | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         wait: bool = True,
+        host: str = "127.0.0.1",
+        preexec: Callable[[], None] | None = None,
+        cpus: CpuLayout | None = None,
+        replica: int = 0,
     ) -> None:
         args = [*engine_args(engine, dict(options or {})), *extra_args]
+        self.name = name or "zl-replica"
         if tls is not None:
             args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         if name:
@@ -153,9 +225,11 @@ class ReplicaProcess:
         self.log_path = Path(log_path)
         if not self._own_log:
             self.log_path.unlink(missing_ok=True)  # an old "listening" line is not this one's
-        self.command = self._command(args, port)
+        self.host = host
+        self.command = self._command(args, host, port)
         self.url = ""
-        self._proc = spawn_replica(self.command, self.log_path)
+        self.cpus = cpus
+        self._proc = spawn_replica(self.command, self.log_path, preexec, cpus, replica)
         self._pid = self._proc.pid
         self._args = args
         self._ready_timeout_s = ready_timeout_s
@@ -163,9 +237,9 @@ class ReplicaProcess:
             self.wait_ready()
 
     @staticmethod
-    def _command(args: Sequence[str], port: int) -> list[str]:
+    def _command(args: Sequence[str], host: str, port: int) -> list[str]:
         return [sys.executable, "-m", "zerolayer.server", *args,
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+                "--host", host, "--port", str(port)]  # fmt: skip
 
     def wait_ready(self) -> str:
         """Wait until the replica listens; fix ``url`` and ``command`` to its port."""
@@ -175,10 +249,15 @@ class ReplicaProcess:
             self.url = wait_listening(
                 self.log_path, self._proc, time.monotonic() + self._ready_timeout_s
             )
+        except StartFailed as exc:
+            self.kill()
+            raise StartFailed(f"replica {self.name}", exc.reason, exc.log) from None
         except BaseException:
             self.kill()
             raise
-        self.command = self._command(self._args, self.port)
+        self.command = self._command(self._args, self.host, self.port)
+        if self.cpus is not None:  # its engine computes on the engine's cores still
+            pin_threads(self._pid, self.cpus.rest)
         return self.url
 
     @property
@@ -192,6 +271,10 @@ class ReplicaProcess:
     def adopt(self, pid: int) -> None:
         """This replica is now served by ``pid`` (started again with ``command``)."""
         self._pid = pid
+
+    def children(self) -> list[int]:
+        """The replica's live descendants (a vLLM engine core)."""
+        return [p.pid for p in descendants(self._pid)]
 
     def alive(self) -> bool:
         """Running or stopped, not gone and not a zombie waiting to be reaped."""
@@ -211,6 +294,13 @@ class ReplicaProcess:
         self._proc.poll()
         if self._own_log:
             self.log_path.unlink(missing_ok=True)
+
+    @staticmethod
+    def stop_many(replicas: Sequence[ReplicaProcess]) -> None:
+        """Stop every replica at once (they drain together), then each one's leftovers."""
+        stop_pids([r.pid for r in replicas])
+        for replica in replicas:
+            replica.stop()
 
     def __enter__(self) -> ReplicaProcess:
         return self
@@ -246,7 +336,8 @@ class VllmServer:
     process group (vLLM spawns an engine-core child), its output in ``log_path``.
 
     The engine flags come from :func:`serving.engine.vllm_engine.server_flags`, the same
-    settings (and CPU defaults) the zero-layer replica's in-process engine gets.
+    settings (and CPU defaults) the zero-layer replica's in-process engine gets. ``host`` and
+    ``preexec`` as for :class:`ReplicaProcess`.
     """
 
     def __init__(
@@ -255,48 +346,54 @@ class VllmServer:
         log_path: str | Path,
         *,
         ready_timeout_s: float = VLLM_READY_TIMEOUT_S,
+        host: str = "127.0.0.1",
+        preexec: Callable[[], None] | None = None,
+        cpus: CpuLayout | None = None,
+        replica: int = 0,
     ) -> None:
         from serving.engine.vllm_engine import server_flags
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
         self.log_path = Path(log_path)
         self.command = [
             sys.executable, "-m", VLLM_SERVER_MODULE, *server_flags(dict(options)),
             # usage on every stream's last event: output tokens in the model's own count
             "--enable-force-include-usage",
-            "--host", "127.0.0.1", "--port", str(self.port),
+            "--host", host, "--port", str(self.port),
         ]  # fmt: skip
         self._ready_timeout_s = ready_timeout_s
-        with open(self.log_path, "wb") as log:
+        self.cpus = cpus
+        with open(self.log_path, "wb") as log, engine_cores(cpus, replica):
             self._proc = subprocess.Popen(
                 self.command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
+                preexec_fn=preexec,
             )
         self.pid = self._proc.pid
 
-    def _log_tail(self, chars: int = 3000) -> str:
+    def _log_tail(self, chars: int = 20_000) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return text[-chars:]
 
     def wait_ready(self) -> str:
         """Wait (bounded) until ``/health`` answers 200; raise with the log's tail otherwise."""
         deadline = time.monotonic() + self._ready_timeout_s
+        what = f"vLLM server {self.url}"
         while not _health_ok(self.url):
             if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server {self.url} exited at start (status {self._proc.returncode}); "
-                    f"log {self.log_path}:\n{self._log_tail()}"
-                )
+                why = exit_reason(self._log_tail(), "api_server")
+                raise StartFailed(what, f"exited ({self._proc.returncode}): {why}", self.log_path)
             if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"vLLM server {self.url} not healthy after {self._ready_timeout_s:.0f} s; "
-                    f"log {self.log_path}:\n{self._log_tail()}"
-                )
+                why = exit_reason(self._log_tail(), "api_server")
+                late = f"not healthy after {self._ready_timeout_s:.0f} s"
+                raise StartFailed(what, f"{late}; {why}", self.log_path)
             time.sleep(VLLM_POLL_S)
+        if self.cpus is not None:  # its engine computes on the engine's cores still
+            pin_threads(self.pid, self.cpus.rest)
         return self.url
 
     def alive(self) -> bool:
@@ -329,3 +426,8 @@ class VllmServer:
         psutil.wait_procs(left, timeout=5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(5.0)
+
+    @staticmethod
+    def stop_many(servers: Sequence[VllmServer]) -> None:
+        for server in servers:
+            server.stop()

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Final, cast
 from baselines.rayserve.config import BaselineRouter, orchestrator_router, parse_router
 from baselines.rayserve_llm.standup import READY_PATH as LLM_READY_PATH
 from harness.stacks.clients import openai_server_body
-from harness.stacks.spec import StackName, StackSpec, auth_label
-from harness.stacks.stack import ALL_FAULTS, Restore, Stack, StackKind
+from harness.stacks.placed import record_actors, serve_resources
+from harness.stacks.spec import StackName, StackSpec, auth_label, cpu_label
+from harness.stacks.stack import ALL_FAULTS, Restore, Scaling, Stack, StackKind
 from harness.telemetry import EngineTarget
 from harness.telemetry.engine import read_stats_file_settings
+from serving.cpus import cores_text
 from serving.engine.kinds import engine_kind
 from serving.engine.settings import EngineSettings
 
@@ -63,6 +65,7 @@ class RayServeKind(StackKind):
     summary = "our Ray Serve orchestrator over engine replica actors"
     faults = ALL_FAULTS
     restore = Restore.BY_CONTROLLER
+    scaling = Scaling.BY_CONTROLLER
     app = "orchestrator"
 
     def router(self, spec: StackSpec) -> BaselineRouter:
@@ -86,6 +89,7 @@ class RayServeKind(StackKind):
 
         stats_dir = workdir / STATS_DIR
         stats_dir.mkdir(parents=True, exist_ok=True)
+        resources = serve_resources(spec)
         handle = start_baseline(
             engine=spec.engine,
             replicas=spec.replicas,
@@ -94,6 +98,8 @@ class RayServeKind(StackKind):
             ray_address=spec.ray_address,
             stats_dir=str(stats_dir),
             api_keys=None if spec.credentials is None else str(spec.credentials.key_file),
+            stream_batching_interval_ms=spec.baseline_stream_batching_ms,
+            engine_resources=resources,
         )
         metadata = {
             "impl": "ray serve",
@@ -102,9 +108,11 @@ class RayServeKind(StackKind):
             f"{handle.config.router} router",
             **handle.metadata,
         }
-        return Stack(
+        stack = Stack(
             spec, [handle.url], kind=self, metadata=metadata, baseline=handle, stats_dir=stats_dir
         )
+        record_actors(spec, self.pids(stack), self.engine_role, resources)
+        return stack
 
     def pids(self, stack: Stack) -> dict[str, list[int]]:
         """``orchestrator``, ``proxy``, ``controller``, ``engine``, asked of Ray so that
@@ -146,12 +154,24 @@ class RayServeKind(StackKind):
     def is_whole(self, pids: Mapping[str, Sequence[int]], engine_replicas: int) -> bool:
         return super().is_whole(pids, engine_replicas) and bool(pids.get("orchestrator"))
 
+    def scale_engines(self, replicas: int) -> None:
+        """Through Serve's external scaler API (``baselines.rayserve.scaling``)."""
+        from baselines.rayserve.scaling import scale_engines
+
+        scale_engines(replicas)
+
+    def running_engines(self) -> list[int]:
+        from baselines.rayserve.scaling import running_pids
+
+        return running_pids()
+
 
 class RayServeLlmKind(RayServeKind):
     """Ray Serve LLM over vLLM, Serve's default (pow2) router by default. Its engines publish no
     stats file, so it has no engine telemetry targets (vLLM's metrics go to Ray's)."""
 
     summary = "Ray Serve LLM (ray.serve.llm) over vLLM, as users deploy it"
+    scaling = Scaling.NONE  # profile G does not scale its LLMServer deployment
     app = "llm"
     ready_path = LLM_READY_PATH
 
@@ -161,23 +181,29 @@ class RayServeLlmKind(RayServeKind):
     def stand_up(self, spec: StackSpec, workdir: Path) -> Stack:
         from baselines.rayserve_llm import start_llm_baseline
 
-        del workdir  # Ray Serve LLM writes nothing of its own here
         options = dict(spec.engine_options)
+        resources = serve_resources(spec)
+        layout = spec.cpu_layout
         handle = start_llm_baseline(
             model=str(options.get("model", "")),
             replicas=spec.replicas,
             engine_options=options,
             router=self.router(spec),
             ray_address=spec.ray_address,
+            stream_batching_interval_ms=spec.baseline_stream_batching_ms,
+            engine_resources=resources,
+            engine_cores=tuple(cores_text(c) for c in layout.engines) if layout else (),
+            slots_dir=str(workdir / "engine-core-slots") if layout else "",
         )
         metadata = {
             "impl": LLM_BASELINE_IMPL,
             "label": f"Ray Serve LLM {handle.metadata['ray_version']} x{spec.replicas}, "
             f"{handle.config.router} router, vllm engine",
             "auth": auth_label(spec, checks_keys=False),
+            "cpu_layout": cpu_label(spec),
             **handle.metadata,
         }
-        return Stack(
+        stack = Stack(
             spec,
             [handle.url],
             kind=self,
@@ -186,6 +212,8 @@ class RayServeLlmKind(RayServeKind):
             model=handle.config.model_id,
             extra_body=openai_server_body(options),
         )
+        record_actors(spec, self.pids(stack), self.engine_role, resources)
+        return stack
 
     def engine_settings(self, stack: Stack) -> dict[str, EngineSettings]:
         """Ray Serve LLM's applied engine arguments, as its LLMServer holds them (one LLMConfig

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+from harness.errors import StartFailed
 from harness.stacks.external import ExternalKind
 from harness.stacks.rayserve import ORCHESTRATOR, RAY_SERVE_LLM, baseline_kind
 from harness.stacks.spec import StackName, StackSpec
@@ -62,11 +63,16 @@ def stand_up(spec: StackSpec, workdir: Path) -> Stack:
     """Start the stack (or, for an external one, check every URL answers) and return it.
 
     Logs, the TLS certificate and the baseline's engine stats go under ``workdir``. Raises
-    ValueError for a spec :func:`check_spec` refuses (vllm-serve needs ``engine="vllm"``).
+    ValueError for a spec :func:`check_spec` refuses (vllm-serve needs ``engine="vllm"``), and
+    ``StartFailed`` naming the stack, its part, the reason and the log for a part that exited
+    (or never answered) at start.
     """
     check_spec(spec)
     kind = kind_for(spec)
     if not spec.urls:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-    return kind.stand_up(spec, workdir)
+    try:
+        return kind.stand_up(spec, workdir)
+    except StartFailed as exc:
+        raise StartFailed(f"the {spec.name} stack's {exc.what}", exc.reason, exc.log) from None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from baselines.rayserve.config import BaselineRouter
+from serving.cpus import CpuLayout
 
 
 class StackName(StrEnum):
@@ -58,6 +59,10 @@ class StackSpec:
     baseline's own default). ``credentials``: the zero-layer replicas and the baseline start
     with a key file (``--api-keys``) and every client of the stack sends its tenant's key; the
     stacks that check no keys (Ray Serve LLM, vllm-serve) ignore it and say so in their metadata.
+    ``baseline_stream_batching_ms``: how long a baseline's engine replicas gather chunks before
+    streaming them on (Ray Serve LLM's ``stream_batching_interval_ms``; None: its default).
+    ``cpu_layout``: each vLLM engine replica's cores and the rest's (``serving.cpus``; None:
+    processes run anywhere, as for the engines without compute threads).
     """
 
     name: StackName
@@ -69,10 +74,17 @@ class StackSpec:
     ray_address: str | None = None
     baseline_router: BaselineRouter | None = None
     credentials: Credentials | None = None
+    baseline_stream_batching_ms: float | None = None
+    cpu_layout: CpuLayout | None = None
 
 
 class StackUnreachable(Exception):
     """An external stack's URL does not answer; the message names the URL."""
+
+
+def cpu_label(spec: StackSpec) -> dict[str, object] | None:
+    """What a stack's metadata records of its CPU layout (None: none applied)."""
+    return None if spec.cpu_layout is None else spec.cpu_layout.to_data()
 
 
 def auth_label(spec: StackSpec, checks_keys: bool = True) -> str:

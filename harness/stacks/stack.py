@@ -12,18 +12,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from harness.stacks.clients import Http1Router, client_for
-from harness.stacks.processes import stop_pids
+from harness.stacks.clients import Http1Router, open_client
 from harness.stacks.spec import StackName, StackSpec
 from harness.telemetry import Component, EngineTarget
 from serving.engine.settings import EngineSettings
 
 if TYPE_CHECKING:
     from baselines.rayserve.standup import ServeHandle
+    from harness.stacks.placed import PlacedProcessHandle
     from harness.stacks.processes import ReplicaProcess, VllmServer
     from zerolayer.client import Http1Client, ZeroLayerClient
+
+    # A zero-layer replica or a vLLM server: started here, or by a node agent on a cluster.
+    Replica = ReplicaProcess | PlacedProcessHandle
+    Server = VllmServer | PlacedProcessHandle
 
 
 class Fault(StrEnum):
@@ -35,6 +39,7 @@ class Fault(StrEnum):
     PARTITION = "partition"
     CPU_STRESS = "cpu_stress"
     KV_PRESSURE = "kv_pressure"
+    NODE_LOSS = "node_loss"  # a worker node of the stack's Ray cluster lost (cluster runs only)
 
 
 ALL_FAULTS: frozenset[Fault] = frozenset(Fault)
@@ -48,6 +53,14 @@ class Restore(StrEnum):
     NONE = "none"  # nothing here brings it back (no faults are defined for the kind)
 
 
+class Scaling(StrEnum):
+    """How an engine replica joins or leaves the stack (profile G)."""
+
+    BY_COMMAND = "by-command"  # a replica process started or stopped, published to the clients
+    BY_CONTROLLER = "by-controller"  # a replica count asked of the orchestrator's controller
+    NONE = "none"  # the stack cannot be scaled here (profile G skips it)
+
+
 class StackKind(ABC):
     """One kind of stack. Class attributes answer the questions with fixed answers:
 
@@ -57,6 +70,7 @@ class StackKind(ABC):
     pinned to one replica, and the fault proxy stands in front of one replica; otherwise one
     front door carries all traffic. ``engine_role``: the process role of its engine replicas.
     ``faults``: the faults profile D applies to it. ``restore``: how a killed part comes back.
+    ``scaling``: how an engine replica joins or leaves (profile G).
     ``app``: the Ray Serve application whose actors are its processes (``""``: none);
     ``ready_path``: what answers 200 on its front once it serves.
     """
@@ -68,6 +82,7 @@ class StackKind(ABC):
     engine_role: str = "engine"
     faults: frozenset[Fault] = frozenset()
     restore: Restore = Restore.NONE
+    scaling: Scaling = Scaling.NONE
     app: str = ""
     ready_path: str = "/health"
 
@@ -110,6 +125,17 @@ class StackKind(ABC):
         del command, log_path
         raise ValueError(f"the {self.name} stack's parts are not restarted by command")
 
+    def scale_engines(self, replicas: int) -> None:
+        """Ask the controller for ``replicas`` engine replicas. Only a kind scaled by its
+        controller (:attr:`scaling`) can."""
+        del replicas
+        raise ValueError(f"the {self.name} stack is not scaled by a controller")
+
+    def running_engines(self) -> list[int]:
+        """The pids of the engine replicas the controller reports running (scaled by a
+        controller only)."""
+        raise ValueError(f"the {self.name} stack is not scaled by a controller")
+
 
 class Stack:
     """A stack as everything else sees it: where to send, which processes and engines to watch.
@@ -127,11 +153,11 @@ class Stack:
         *,
         kind: StackKind,
         metadata: Mapping[str, Any],
-        replicas: Sequence[ReplicaProcess] = (),
+        replicas: Sequence[Replica] = (),
         baseline: ServeHandle | None = None,
         tls_ca: Path | None = None,
         stats_dir: Path | None = None,
-        servers: Sequence[VllmServer] = (),
+        servers: Sequence[Server] = (),
         model: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
@@ -172,18 +198,19 @@ class Stack:
         """Each engine replica's effective settings, as the engines report them (see each kind)."""
         return self.kind.engine_settings(self)
 
-    def open_client(self, **options: Any) -> ZeroLayerClient | Http1Client | Http1Router:
+    def open_client(
+        self, protocol: str | None = None, **options: Any
+    ) -> ZeroLayerClient | Http1Client | Http1Router:
         """The SDK client for this stack (options go to the client's constructor, which by
         default names the stack's model and adds its extra body fields); for an HTTP/1.1 stack
-        with several replicas an :class:`Http1Router` over one client each."""
+        with several replicas an :class:`Http1Router` over one client each. ``protocol``
+        speaks another protocol than the stack's own (``http1`` to a zero-layer replica,
+        which serves both)."""
+        protocol = protocol or self.protocol
         options.setdefault("model", self.model)
         options.setdefault("extra_body", self.extra_body)
-        if self.credentials is not None:
-            options.setdefault("api_key", self.credentials.default_key)
-        if self.protocol == "http1" and len(self.urls) > 1:
-            clients = [client_for("http1", [url], self.tls_ca, **options) for url in self.urls]
-            return Http1Router([cast("Http1Client", c) for c in clients])
-        return client_for(self.protocol, self.urls, self.tls_ca, **options)
+        key = None if self.credentials is None else self.credentials.default_key
+        return open_client(protocol, self.urls, self.tls_ca, api_key=key, **options)
 
     def body_fields(self) -> dict[str, Any]:
         """What a loader in another process (k6, locust) adds to every request body: the
@@ -197,17 +224,23 @@ class Stack:
                 replica.adopt(pid)
 
     def close(self) -> None:
-        if self.replicas:
-            stop_pids([r.pid for r in self.replicas])
-            for replica in self.replicas:
-                replica.stop()
+        for parts in (self.replicas, self.servers):
+            for stop_many, group in _by_kind(parts):
+                stop_many(group)
         if self.baseline is not None:
             self.baseline.close()
-        for server in self.servers:
-            server.stop()
 
     def __enter__(self) -> Stack:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _by_kind(parts: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
+    """``parts`` grouped by their class, with the class's ``stop_many``: each group is
+    stopped at once (they drain together), as its class does it."""
+    groups: dict[Any, list[Any]] = {}
+    for part in parts:
+        groups.setdefault(type(part), []).append(part)
+    return [(cls.stop_many, group) for cls, group in groups.items()]

@@ -12,10 +12,11 @@ from harness.certs import self_signed
 TLS_DIR = "tls"
 
 
-def serving_certificate(workdir: Path) -> tuple[Path, Path]:
-    """(certificate, key) for a stack's servers, made under ``workdir``; the certificate is also
-    the one CA its clients trust."""
-    return self_signed(workdir / TLS_DIR)
+def serving_certificate(workdir: Path, ips: Sequence[str] = ()) -> tuple[Path, Path]:
+    """(certificate, key) for a stack's servers, made under ``workdir`` (good for loopback and
+    ``ips``: a cluster's node addresses); the certificate is also the one CA its clients
+    trust."""
+    return self_signed(workdir / TLS_DIR, ips=ips)
 
 
 def client_tls(ca: Path | None, alpn: Sequence[str] = ("h2",)) -> ssl.SSLContext | None:

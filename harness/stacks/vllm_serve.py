@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from harness.stacks.clients import openai_server_body
 from harness.stacks.processes import VllmServer
-from harness.stacks.spec import StackName, StackSpec, auth_label
+from harness.stacks.spec import StackName, StackSpec, auth_label, cpu_label
 from harness.stacks.stack import Stack, StackKind
 from harness.stacks.zerolayer import engine_metrics, metrics_settings
 from harness.telemetry import EngineTarget
 from harness.telemetry.engine import http_get
 from serving.engine.kinds import engine_kind
 from serving.engine.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from harness.stacks.stack import Server
 
 
 class VllmServeKind(StackKind):
@@ -44,6 +48,7 @@ class VllmServeKind(StackKind):
             "engine_options": dict(spec.engine_options),
             "command": started[0].command[:-2],
             "auth": auth_label(spec, checks_keys=False),
+            "cpu_layout": cpu_label(spec),
         }
         return Stack(
             spec,
@@ -56,12 +61,20 @@ class VllmServeKind(StackKind):
         )
 
     @staticmethod
-    def _start_servers(spec: StackSpec, workdir: Path) -> list[VllmServer]:
-        """Every server started at once, then each waited for; all stopped if one fails."""
-        started: list[VllmServer] = []
+    def _start_servers(spec: StackSpec, workdir: Path) -> list[Server]:
+        """Every server started at once, then each waited for; all stopped if one fails. On a
+        Ray cluster (``ray_address``) each node's agent starts those placed on its node."""
+        if spec.ray_address:
+            from harness.stacks.placed import start_servers
+
+            return list(start_servers(spec, workdir))
+        started: list[Server] = []
         try:
             for i in range(spec.replicas):
-                started.append(VllmServer(spec.engine_options, workdir / f"vllm-serve-{i}.log"))
+                log_path = workdir / f"vllm-serve-{i}.log"
+                started.append(
+                    VllmServer(spec.engine_options, log_path, cpus=spec.cpu_layout, replica=i)
+                )
             for server in started:
                 server.wait_ready()
         except BaseException:

@@ -6,22 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from harness.stacks.placed import node_addresses
 from harness.stacks.processes import (
     READY_TIMEOUT_S,
     VLLM_READY_TIMEOUT_S,
     ReplicaProcess,
-    descendants,
     spawn_replica,
     stop_pids,
 )
-from harness.stacks.spec import StackName, StackSpec, auth_label
-from harness.stacks.stack import ALL_FAULTS, Restore, Stack, StackKind
+from harness.stacks.spec import StackName, StackSpec, auth_label, cpu_label
+from harness.stacks.stack import ALL_FAULTS, Restore, Scaling, Stack, StackKind
 from harness.stacks.tls import serving_certificate
 from harness.telemetry import EngineTarget
 from harness.telemetry.engine import read_metrics_settings
 from serving.engine.kinds import engine_kind
+from serving.engine.kvwatch import FILE_PREFIX as KV_WATCH_PREFIX
 from serving.engine.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from harness.stacks.stack import Replica
 
 
 def engine_metrics(prefix: str, stack: Stack) -> list[EngineTarget]:
@@ -40,6 +45,11 @@ def metrics_settings(prefix: str, stack: Stack) -> dict[str, EngineSettings]:
     }
 
 
+def kv_watch_path(workdir: Path, index: int) -> Path:
+    """Where replica ``index`` stamps its engine's KV under pressure (``--kv-watch``)."""
+    return workdir / f"{KV_WATCH_PREFIX}zl-{index}.jsonl"
+
+
 class ZeroLayerKind(StackKind):
     """The system under test: killed replicas come back by their own command, on their port."""
 
@@ -50,9 +60,10 @@ class ZeroLayerKind(StackKind):
     engine_role = "replica"
     faults = ALL_FAULTS
     restore = Restore.BY_COMMAND
+    scaling = Scaling.BY_COMMAND
 
     def stand_up(self, spec: StackSpec, workdir: Path) -> Stack:
-        tls = serving_certificate(workdir) if spec.tls else None
+        tls = serving_certificate(workdir, node_addresses(spec)) if spec.tls else None
         started = self._start_replicas(spec, workdir, tls)
         metadata = {
             "impl": "zl-replica processes",
@@ -62,22 +73,36 @@ class ZeroLayerKind(StackKind):
             "engine_options": dict(spec.engine_options),
             "tls": spec.tls,
             "auth": auth_label(spec),
+            "cpu_layout": cpu_label(spec),
         }
         urls = [r.url for r in started]
         tls_ca = tls[0] if tls else None
-        return Stack(spec, urls, kind=self, metadata=metadata, replicas=started, tls_ca=tls_ca)
+        return Stack(
+            spec,
+            urls,
+            kind=self,
+            metadata=metadata,
+            replicas=started,
+            tls_ca=tls_ca,
+            stats_dir=workdir,
+        )
 
     @staticmethod
     def _start_replicas(
         spec: StackSpec, workdir: Path, tls: tuple[Path, Path] | None
-    ) -> list[ReplicaProcess]:
-        """Every replica started at once, then each waited for; all stopped if one fails."""
-        started: list[ReplicaProcess] = []
+    ) -> list[Replica]:
+        """Every replica started at once, then each waited for; all stopped if one fails. On a
+        Ray cluster (``ray_address``) each node's agent starts those placed on its node."""
+        started: list[Replica] = []
         creds = spec.credentials
         auth_args = [] if creds is None else ["--api-keys", str(creds.key_file)]
         # A real vLLM engine starts in ~30 s alone on 2 cores; replicas start together.
         slow = engine_kind(spec.engine).serves_vllm
         ready_timeout_s = VLLM_READY_TIMEOUT_S if slow else READY_TIMEOUT_S
+        if spec.ray_address:
+            from harness.stacks.placed import start_replicas
+
+            return list(start_replicas(spec, workdir, tls, ready_timeout_s))
         try:
             for i in range(spec.replicas):
                 started.append(
@@ -85,11 +110,13 @@ class ZeroLayerKind(StackKind):
                         spec.engine,
                         spec.engine_options,
                         name=f"zl-{i}",
-                        extra_args=auth_args,
+                        extra_args=[*auth_args, "--kv-watch", str(kv_watch_path(workdir, i))],
                         tls=tls,
                         log_path=workdir / f"zl-replica-{i}.log",
                         ready_timeout_s=ready_timeout_s,
                         wait=False,
+                        cpus=spec.cpu_layout,
+                        replica=i,
                     )
                 )
             for replica in started:
@@ -101,9 +128,10 @@ class ZeroLayerKind(StackKind):
 
     def pids(self, stack: Stack) -> dict[str, list[int]]:
         """``replica``, and their children (vLLM's engine cores) as ``engine``."""
-        live = [r.pid for r in stack.replicas if r.alive()]
-        engines = [p.pid for pid in live for p in descendants(pid)]
-        return {"replica": live, "engine": engines} if engines else {"replica": live}
+        live = [r for r in stack.replicas if r.alive()]
+        engines = [pid for r in live for pid in r.children()]
+        pids = [r.pid for r in live]
+        return {"replica": pids, "engine": engines} if engines else {"replica": pids}
 
     def engine_targets(self, stack: Stack) -> list[EngineTarget]:
         """Each replica's ``/metrics``."""

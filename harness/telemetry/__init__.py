@@ -5,7 +5,13 @@ so the report can line samples up with requests and faults without guessing.
 """
 
 from harness.telemetry.engine import EngineSource, EngineTarget, parse_prometheus
-from harness.telemetry.host import HostCpu, cpu_speed, measure_host_cpu, speed_note
+from harness.telemetry.host import (
+    HostCpu,
+    cpu_speed,
+    host_cpu_between,
+    measure_host_cpu,
+    speed_note,
+)
 from harness.telemetry.nvml import NvmlSource
 from harness.telemetry.process import Component, ProcessSource
 from harness.telemetry.sampler import Availability, PhaseLog, Sampler, Source
@@ -22,6 +28,7 @@ __all__ = [
     "Sampler",
     "Source",
     "cpu_speed",
+    "host_cpu_between",
     "measure_host_cpu",
     "parse_prometheus",
     "speed_note",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import re
 import ssl
 import time
@@ -84,6 +85,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
         try:
             value = float(parts[0])
         except ValueError:
+            continue
+        if math.isnan(value):  # an unknown figure (NaN) is left out, never summed into a number
             continue
         out[name.strip()] = out.get(name.strip(), 0.0) + value
     return out

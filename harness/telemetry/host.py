@@ -63,6 +63,12 @@ def busy_pct(before: Any, after: Any) -> float:
     return 0.0 if total <= 0 else max(0.0, min(100.0, 100.0 * (total - idle) / total))
 
 
+def host_cpu_between(before: list[Any], after: list[Any]) -> HostCpu:
+    """The host's CPU between two ``psutil.cpu_times(percpu=True)`` readings."""
+    per = [busy_pct(b, a) for b, a in zip(before, after, strict=True)]
+    return HostCpu(sum(per) / len(per), max(per), len(per))
+
+
 @contextmanager
 def measure_host_cpu() -> Iterator[list[HostCpu]]:
     """``with measure_host_cpu() as got:`` ... afterwards ``got[0]`` is the phase's HostCpu."""
@@ -71,9 +77,7 @@ def measure_host_cpu() -> Iterator[list[HostCpu]]:
     try:
         yield out
     finally:
-        after = psutil.cpu_times(percpu=True)
-        per = [busy_pct(b, a) for b, a in zip(before, after, strict=True)]
-        out.append(HostCpu(sum(per) / len(per), max(per), len(per)))
+        out.append(host_cpu_between(before, psutil.cpu_times(percpu=True)))
 
 
 def cpu_speed(duration_s: float = SPEED_PROBE_S, probes: int = SPEED_PROBES) -> float:

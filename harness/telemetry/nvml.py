@@ -1,8 +1,12 @@
-"""NVML source: GPU memory (v2, which separates driver-reserved memory) and utilisation.
+"""NVML source: GPU memory (v2, which separates driver-reserved memory), utilisation and NVLink
+errors.
 
 Utilisation comes from ``nvmlDeviceGetSamples``: the driver's own sample buffer since the last
-read, averaged, rather than one instantaneous reading that can miss short bursts. Without a GPU
-or driver the source opens as unavailable with NVML's reason, and the run goes on without it.
+read, averaged, rather than one instantaneous reading that can miss short bursts. NVLink errors
+are the driver's cumulative counters (replay, recovery, CRC of flits and of data) summed over the
+GPU's active links: a rise over a window is link loss (seed 000's "NVLink loss 0"); a GPU with no
+NVLink reports None. Without a GPU or driver the source opens as unavailable with NVML's reason,
+and the run goes on without it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,13 @@ from typing import Any
 
 from harness.telemetry.sampler import Availability
 
+# The NVLink error counters summed (nvmlNvLinkErrorCounter_t), by their pynvml names.
+NVLINK_COUNTERS = (
+    "NVML_NVLINK_ERROR_DL_REPLAY",
+    "NVML_NVLINK_ERROR_DL_RECOVERY",
+    "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "NVML_NVLINK_ERROR_DL_CRC_DATA",
+)
 # nvmlValueType_t -> the c_nvmlValue_t union member holding that type
 _VALUE_FIELDS = dict(enumerate(("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")))
 
@@ -66,6 +77,23 @@ class NvmlSource:
         attr = _VALUE_FIELDS.get(value_type, "uiVal")
         return sum(float(getattr(s.sampleValue, attr)) for s in fresh) / len(fresh)
 
+    def _nvlink_errors(self, handle: Any) -> int | None:
+        """The NVLink error counters summed over the GPU's active links; None without NVLink."""
+        nvml = self._nvml
+        total, links = 0, 0
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                    continue
+                total += sum(
+                    int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, getattr(nvml, name)))
+                    for name in NVLINK_COUNTERS
+                )
+            except nvml.NVMLError:
+                continue
+            links += 1
+        return total if links else None
+
     def read(self) -> list[dict[str, Any]]:
         nvml = self._nvml
         rows = []
@@ -79,6 +107,7 @@ class NvmlSource:
                     "mem_reserved_bytes": int(mem.reserved),
                     "mem_total_bytes": int(mem.total),
                     "mem_free_bytes": int(mem.free),
+                    "nvlink_errors": self._nvlink_errors(handle),
                 }
             )
         return rows

@@ -21,8 +21,10 @@ import psutil
 
 from harness.telemetry.sampler import Availability
 
-ROLES = ("loader", "replica", "proxy", "controller", "orchestrator", "engine", "other")
-LAYER_ROLES = ("proxy", "controller", "orchestrator")
+ROLES = ("loader", "replica", "proxy", "controller", "orchestrator", "ray", "engine", "other")
+# The middle layer's processes: Serve's proxy and controller, the orchestrator's ingress (or
+# Ray Serve LLM's), and Ray's own (GCS, raylet, agents, idle workers), which only the layer needs.
+LAYER_ROLES = ("proxy", "controller", "orchestrator", "ray")
 
 
 @dataclass(frozen=True, slots=True)

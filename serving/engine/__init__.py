@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from serving.engine.kinds import ENGINE_KINDS, ENGINES, EngineKind, engine_kind
-from serving.engine.null import NullEngine
+from serving.engine.null import NullConfig, NullEngine
 from serving.engine.options import validate_engine_options
 from serving.engine.sim import SimConfig, SimEngine
 from serving.engine.types import (
@@ -28,6 +28,7 @@ __all__ = [
     "EngineKind",
     "EngineRequest",
     "EngineStats",
+    "NullConfig",
     "NullEngine",
     "SimConfig",
     "SimEngine",

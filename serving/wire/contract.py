@@ -26,6 +26,9 @@ MAX_TOKENS: Final = "zl-max-tokens"
 ERROR: Final = "zl-error"
 RETRY_AFTER_MS: Final = "retry-after-ms"
 REQUEST_ID: Final = "zl-request-id"
+# How many engine replicas a layer that retries for its clients tried for a request (the
+# orchestrator's answer, success or error); the zero-layer SDK counts its own retries.
+ATTEMPTS: Final = "zl-attempts"
 
 _JSON: Final = (b"content-type", b"application/json")
 _ERROR: Final = ERROR.encode()

@@ -89,7 +89,7 @@ MISTAKES = {
     "old JSON spelling": (["--engine-options", "model_shape=x"], "unrecognized arguments"),
     "unknown option": (["--engine-option", "model_shap=x"], "valid options: model_shape,"),
     "option out of range": (["--engine-option", "max_num_seqs=0"], "max_num_seqs must be >= 1"),
-    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "takes no options"),
+    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "per_token, itl_ms"),
     "port wraps": (["--port", "65536"], "port must be 0..65535"),
     "no replicas": (["--replicas", "0"], "must be >= 1"),
     "unknown router": (["--router", "random"], "invalid choice"),

@@ -157,6 +157,7 @@ def test_health_models_and_metadata(baseline: BaselineHandle, port: int) -> None
     assert models["data"][0]["id"] == "zl-sim"
     meta = baseline.metadata
     assert meta["health_check_period_s"] == 1.0
+    assert meta["stream_batching_interval_ms"] == 50.0, "Ray Serve LLM's default interval"
     assert meta["engine_max_ongoing_requests"] == ENGINE_OPTIONS["max_num_seqs"]
     assert meta["router_kwargs"] == {"num_virtual_nodes": 100, "num_fallback_replicas": 2}
     assert meta["serve_constants"]["SERVE_SESSION_ID"]  # as a worker of the cluster sees it

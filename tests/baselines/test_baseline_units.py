@@ -12,7 +12,10 @@ from baselines.rayserve.config import (
     POW2_ROUTER,
     BaselineConfig,
     BaselineRouter,
+    serve_llm_batching_ms,
 )
+from baselines.rayserve.engine_replica import EngineReplica
+from baselines.rayserve.items import ChunkItem, EngineItem
 from serving.wire.contract import BUDGET_EXCEEDED, DEADLINE_EXCEEDED, QUEUE_FULL, ContractError
 from serving.wire.tokens import request_seed
 
@@ -107,7 +110,7 @@ def test_config_sizes_serve_limits_from_the_engine() -> None:
 def test_config_refuses_bad_engine_options_before_ray_starts() -> None:
     with pytest.raises(ValueError, match="'max_num_seq'; valid options: model_shape"):
         BaselineConfig(engine_options={"max_num_seq": 32})
-    with pytest.raises(ValueError, match="takes no options"):
+    with pytest.raises(ValueError, match="'max_num_seqs'; valid options: per_token, itl_ms"):
         BaselineConfig(engine="null", engine_options={"max_num_seqs": 32})
     assert BaselineConfig(engine_options={"max-num-seqs": 8}).engine_options == {"max_num_seqs": 8}
 
@@ -127,3 +130,42 @@ def test_request_seed_is_the_body_seed_or_a_prompt_hash() -> None:
     assert request_seed("hello", 7) == 7
     assert request_seed("hello", None) == request_seed("hello", None)
     assert request_seed("hello", None) != request_seed("hello!", None)
+
+
+def _batches(batching_ms: float) -> list[list[EngineItem]]:
+    """One request's stream from an engine replica (the deployment's class, called directly)."""
+    replica = EngineReplica("sim", {"max_num_seqs": 8}, batching_ms=batching_ms)
+    request = {"request_id": "r", "prompt_tokens": 16, "max_tokens": 48, "seed": 7}
+
+    async def collect() -> list[list[EngineItem]]:
+        return [batch async for batch in replica.generate(request)]
+
+    return asyncio.run(collect())
+
+
+def test_engine_replica_batches_chunks_as_ray_serve_llm_does() -> None:
+    """Ray Serve LLM's Batcher gathers an interval's chunks into one item through Ray's handles:
+    the same chunks, in order, in fewer items; an interval of 0 sends each on its own."""
+    each = _batches(0.0)
+    gathered = _batches(50.0)
+    assert all(len(batch) == 1 for batch in each)
+    flat = [item for batch in gathered for item in batch]
+    assert all(isinstance(item, ChunkItem) for item in flat)
+
+    def text(items: list[EngineItem]) -> tuple[str, int]:
+        chunks = [item for item in items if isinstance(item, ChunkItem)]
+        return "".join(c.text for c in chunks), sum(c.token_count for c in chunks)
+
+    # A loaded host may merge engine steps into one chunk, so the chunks are compared as text.
+    assert text(flat) == text([batch[0] for batch in each]), "the same tokens in the same order"
+    assert len(gathered) < len(flat), f"{len(gathered)} batches for {len(flat)} chunks"
+
+
+def test_the_batching_interval_defaults_to_ray_serve_llms_and_is_recorded() -> None:
+    from ray.llm._internal.serve.constants import MODEL_RESPONSE_BATCH_TIMEOUT_MS
+
+    config = BaselineConfig()
+    assert config.batching_ms == MODEL_RESPONSE_BATCH_TIMEOUT_MS == serve_llm_batching_ms()
+    assert BaselineConfig(stream_batching_interval_ms=0).batching_ms == 0
+    with pytest.raises(ValueError, match="0 ms or more"):
+        BaselineConfig(stream_batching_interval_ms=-1)

@@ -160,8 +160,10 @@ def test_vllm_calibration_refuses_bad_input_before_starting_vllm(tmp_path: Path)
     out = str(tmp_path / "p.json")
     with pytest.raises(ValueError, match="needs --engine-option model=DIR"):
         main(["--engine", "vllm", "--out", out])
-    with pytest.raises(ValueError, match="needs --engine-option model=DIR"):
+    with pytest.raises(ValueError, match="none does not exist"):
         main(["--engine", "vllm", "--engine-option", f"model={tmp_path / 'none'}", "--out", out])
+    with pytest.raises(ValueError, match=r"has no config\.json"):
+        main(["--engine", "vllm", "--engine-option", f"model={tmp_path}", "--out", out])
     with pytest.raises(ValueError, match="valid options: model"):
         main(["--engine", "vllm", "--engine-option", "modle=x", "--out", out])
     with pytest.raises(ValueError, match="at least 3 prefill lengths"):

@@ -10,6 +10,7 @@ sweeps below are built by hand with realistic shapes: the zero-layer stack servi
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections.abc import Sequence
@@ -19,10 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.report import claim_inputs, claims
+from bench.report.console import claims_lines
 from bench.report.data import RunData
+from bench.report.plots import data_notes
+from bench.report.plots.claims import NO_CLAIMS, claim_trials
 from harness.curves import Interval
 from harness.schema import Machine, RunMeta, SummaryRow, SweepSection
-from harness.validity import MIN_TRIALS
+from harness.validity import MIN_TRIALS, trial_problems
 
 RATES = (4.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0)
 LAG = "loader lagged: p99 scheduling lag 1.900 ms > 1.0 ms"
@@ -250,24 +254,10 @@ def test_sweep_without_the_baseline_is_not_measured() -> None:
     )
 
 
-def test_claims_measured_once_per_stack_are_undecided_but_show_their_reading() -> None:
-    judged = run_of(
-        [
-            row("zerolayer", 600.0, profile="d_fault", failed=2),
-            row("baseline", 700.0, profile="d_fault", failed=30),
-        ]
-    )
-    fault = results(judged)["fault_errors"]
-    assert fault.status == claims.UNDECIDED and "(it would read held)" in fault.reason
-    assert fault.measured == "failed+lost 2 of 200 (zero-layer) vs 30 of 200 (baseline)"
-    lagged = run_of(
-        [
-            row("zerolayer", 600.0, profile="d_fault", failed=2),
-            row("baseline", 700.0, profile="d_fault", invalid=[LAG], loader_limited=True),
-        ]
-    )
-    fault = results(lagged)["fault_errors"]
-    assert fault.status == claims.UNDECIDED and "baseline d_fault: the loader" in fault.reason
+def test_a_claim_measured_once_per_stack_is_undecided_but_shows_its_reading() -> None:
+    got = claims.common.once("k", "c", "x", "2 vs 30", held=True, rule="r")
+    assert got.status == claims.UNDECIDED and got.measured == "2 vs 30"
+    assert got.reason == f"{claims.ONE_SAMPLE} (it would read held)"
 
 
 def test_claims_json_round_trips(tmp_path: Path) -> None:
@@ -275,8 +265,35 @@ def test_claims_json_round_trips(tmp_path: Path) -> None:
         run_of([*trials("zerolayer", [600.0, 601.0, 602.0]), *trials("baseline", [700.0] * 3)])
     )
     claims.write(tmp_path, got)
-    assert claims.read(tmp_path) == got
-    assert claims.read(tmp_path / "absent") == []
+    back = claims.read(tmp_path)
+    assert back is not None and back.claims == got
+    assert back.validity_rule == claims.VALIDITY_RULE
+    held = next(c for c in back.claims if c.key == "layer_overhead")
+    assert held.bands == {"p50_delta_ms": claims.Band(40.0, 300.0)}
+    assert held.figures["p50_delta_ms"].per_repeat == (100.0, 99.0, 98.0)
+    assert claims.read(tmp_path / "absent") is None
+
+
+def test_the_claims_figure_shows_each_trial_beside_its_interval(tmp_path: Path) -> None:
+    """The report's claim_trials figure is drawn from claims.json: a point per trial, the
+    interval it was decided on, the held band; a run without the file says so."""
+    run = dataclasses.replace(
+        run_of([*trials("zerolayer", [600.0, 601.0, 602.0, 603.0]),
+                *trials("baseline", [700.0] * 4)]),
+        path=tmp_path,
+    )  # fmt: skip
+    assert data_notes(claim_trials(run)) == [NO_CLAIMS]
+    decided = claims.evaluate(run)
+    claims.write(tmp_path, decided)
+    fig = claim_trials(run)
+    overhead = next(ax for ax in fig.axes if ax.get_title().startswith("layer_overhead"))
+    points = overhead.collections[0].get_offsets()[:, 1]
+    assert sorted(points) == [97.0, 98.0, 99.0, 100.0]
+    assert "held" in overhead.get_title()
+    band = next(p for p in overhead.patches if p.get_label().startswith("held: 40 to 300"))
+    assert band is not None
+    tails = [ax for ax in fig.axes if ax.get_title().startswith("tail_latency")]
+    assert len(tails) == len(claims.TAIL_KEYS)
 
 
 def test_every_status_has_a_css_class_name() -> None:
@@ -364,6 +381,18 @@ def test_a_verdict_needs_enough_valid_pairs_at_every_judged_load(points: list[Su
             continue
         at = {(p.stack, p.repeat): p for p in points if p.offered_rate == inputs.rate}
         good = [k for k in range(4)
-                if all((s, k) in at and not claims.trial_problems(at[(s, k)], SPEED)
+                if all((s, k) in at and not trial_problems(at[(s, k)], SPEED)
                        for s in ("zerolayer", "baseline"))]  # fmt: skip
         assert len(good) >= MIN_TRIALS and len(inputs.pairs) == len(good)
+
+
+def test_the_console_prints_each_verdict_and_why_it_is_undecided() -> None:
+    """The run's end prints the claims as claims.json holds them, each undecided one with why."""
+    decided = claims.evaluate(run_of(trials("zerolayer", [600.0]) + trials("baseline", [700.0])))
+    lines = claims_lines(decided)
+    overhead = next(i for i, line in enumerate(lines) if "layer_overhead" in line)
+    assert "undecided" in lines[overhead]
+    assert "why: a_latency: too few valid trials: 1 of the 3 needed" in lines[overhead + 1]
+    assert len([line for line in lines if line.startswith("  ") and "why:" not in line]) == len(
+        claims.CLAIMS
+    )

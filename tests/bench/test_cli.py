@@ -46,6 +46,7 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["sweep", "--repeats", "0"], "--repeats"),
         (["sweep", "--resolution", "1.5"], "fraction in (0, 1)"),
         (["sweep", "--profile", "d"], "d_fault injects faults"),
+        (["sweep", "--profile", "g"], "g_elasticity scales the stacks under load"),
         (["sweep", "--profile", "q"], "unknown profile 'q'"),
         (["nonsense"], "invalid choice: 'nonsense'"),
         (["fidelity", "--requests", "0"], "must be >= 1"),

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.cli import main as cli_main
-from bench.report import compare, compare_common, compare_sweep, load_run
+from bench.report import claims, compare, compare_common, compare_sweep, load_run
 from harness import schema
 from tests.support.simrun import Spec, fail_everything, make_run
 
@@ -171,6 +173,25 @@ def test_stacks_in_only_one_run_are_noted(runs: tuple[Path, Path, Path], tmp_pat
         "zerolayer/d_fault: only in run B, not compared",
     ]
     assert compare.main(good, other) == 2
+
+
+def test_each_runs_claims_are_read_from_its_claims_json(
+    runs: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare shows the claims as each run's claims.json decided them, a changed verdict
+    marked; a claim is about the stacks, not a change, so it never sets the exit status."""
+    good, again, _ = runs
+    a, b = _copy(good, tmp_path / "a"), _copy(again, tmp_path / "b")
+    held = claims.ClaimResult("layer_overhead", "c", "80-150 ms", "+90 ms", claims.HELD, "r")
+    claims.write(a, [held])
+    claims.write(b, [dataclasses.replace(held, status=claims.UNDECIDED, measured="+9 ms")])
+    assert cli_main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"layer_overhead\s+held\s+undecided\s+CHANGED", out), out
+    (b / claims.CLAIMS_FILE).unlink()
+    result = compare.compare_runs(load_run(a), load_run(b))
+    assert not result.claims
+    assert any(f"run B has no {claims.CLAIMS_FILE}" in n for n in result.notes)
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--confidence", "95"), ("--threshold", "-1")])

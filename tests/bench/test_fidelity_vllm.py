@@ -1,14 +1,17 @@
 """``zl-bench fidelity --against vllm`` and ``calibrate --engine vllm``.
 
 The comparison, verdict, the sim's prompts and argument checks are pure and run everywhere; the two
-end-to-end tests (marked ``vllm``) calibrate the real CPU vLLM on a tiny grid, load the profile
-into the sim, and run the whole fidelity command at a handful of requests. They skip, with the
+end-to-end tests (marked ``vllm``) calibrate the real CPU vLLM on a small grid, load the profile
+into the sim, and run the whole fidelity command at a handful of requests, on the session's
+short model (``tests.support.models``), neither told its limits. They skip, with the
 reason, where vLLM is not installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from bench.fidelity_vllm import host_load_note, sim_requests
 from harness.profile import load_profile
 from harness.workload import build_schedule
 from serving.wire.tokens import count_prompt_tokens
+from tests.support.models import SHORT_MODEL_CONTEXT
 
 vllm_installed = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -100,7 +104,7 @@ HERE = ["--engine-option", "model=."]  # a directory, so the other checks are re
     ("argv", "message"),
     [
         (["--against", "vllm"], "needs --engine-option model=DIR"),
-        (["--against", "vllm", "--engine-option", "model=/nonexistent"], "not a model directory"),
+        (["--against", "vllm", "--engine-option", "model=/nonexistent"], "does not exist"),
         (["--against", "vllm", *HERE, "--profiles", "z"], "unknown profile"),
         (["--against", "vllm", *HERE, "--scale", "huge"], "invalid choice"),
         (["--against", "vllm", *HERE, "--tolerance", "2"], "--tolerance must be"),
@@ -121,43 +125,53 @@ def test_bad_arguments_are_one_error_line_and_exit_2(
     assert message in err and err.count("\n") == 1
 
 
-# -- against the real CPU vLLM --------------------------------------------------------------
+# -- against the real CPU vLLM, on the session's short model (2,048 positions), not told its
+# limits: calibrate fits its default decode contexts and prefill lengths inside them, fidelity
+# its max_model_len and profile C's large prompts
 
-TINY_GRID = ["--batches", "1,4", "--contexts", "128,512", "--prefill", "64,256,1024"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from bench.tinymodel import write_tiny_model
-
-    return write_tiny_model(tmp_path_factory.mktemp("fidelity") / "tiny")
+FITTED = f"max_model_len {SHORT_MODEL_CONTEXT} (the model's context)"
+LONGEST_DECODE = SHORT_MODEL_CONTEXT - 16  # bench.calibrate_vllm.DECODE_TOKENS past it
+LONGEST_PREFILL = SHORT_MODEL_CONTEXT - 1
 
 
 @pytest.fixture(scope="module")
-def calibration(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def calibrated(short_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The profile ``calibrate --engine vllm`` wrote with its default grid's contexts and
+    prefill lengths (two batch sizes, one repeat), and what it printed."""
     out = tmp_path_factory.mktemp("calibration") / "vllm.json"
-    options = ["--engine-option", f"model={model_dir}", "--engine-option", "max_model_len=2048"]
-    grid = [*TINY_GRID, "--repeats", "1", "--warmup", "0"]
-    argv = ["calibrate", "--engine", "vllm", *options, *grid, "--out", str(out)]
-    assert main(argv) == 0
-    return out
+    grid = ["--batches", "1,4", "--repeats", "1", "--warmup", "0"]
+    argv = ["calibrate", "--engine", "vllm", "--engine-option", f"model={short_model}", *grid]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*argv, "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def calibration(calibrated: tuple[Path, str]) -> Path:
+    return calibrated[0]
 
 
 @pytest.mark.vllm
 @vllm_installed
-def test_calibrate_vllm_writes_a_profile_the_sim_loads(calibration: Path) -> None:
+def test_calibrate_vllm_writes_a_profile_the_sim_loads(calibrated: tuple[Path, str]) -> None:
     from serving.engine import SimConfig, SimEngine
 
+    calibration, printed = calibrated
+    assert f"calibrate: {FITTED}" in printed
+    assert f"decode contexts 128,1024,3072 -> 128,1024,{LONGEST_DECODE}, fitted" in printed
+    assert f"prefill lengths 128,1024,3072 -> 128,1024,{LONGEST_PREFILL}, fitted" in printed
     profile = json.loads(calibration.read_text())
-    entry = profile["models"]["vllm-tiny"]
-    assert set(entry["decode_step_graph_ms"]) == {"1x128", "1x512", "4x128", "4x512"}
-    assert set(entry["prefill_graph_ms"]) == {"64", "256", "1024"}
+    entry = profile["models"]["vllm-tiny-2k"]
+    contexts = (128, 1024, LONGEST_DECODE)
+    assert set(entry["decode_step_graph_ms"]) == {f"{b}x{c}" for b in (1, 4) for c in contexts}
+    assert set(entry["prefill_graph_ms"]) == {"128", "1024", str(LONGEST_PREFILL)}
     assert all(p["ms"] >= 0 for p in entry["decode_step_graph_ms"].values())
     assert all(ms > 0 for ms in entry["prefill_graph_ms"].values())
     assert entry["kv_bytes_per_token"] == 2 * 2 * 1 * 64 * 4  # K+V, 2 layers, 1 KV head, fp32
     limits = profile["calibration"]["limits"]
-    assert limits["max_model_len"] == 2048 and limits["num_gpu_blocks"] > 0
-    engine = SimEngine(SimConfig(profile_path=str(calibration), model_shape="vllm-tiny"))
+    assert limits["max_model_len"] == SHORT_MODEL_CONTEXT and limits["num_gpu_blocks"] > 0
+    engine = SimEngine(SimConfig(profile_path=str(calibration), model_shape="vllm-tiny-2k"))
     for key, point in entry["decode_step_graph_ms"].items():
         batch, context = (int(v) for v in key.split("x"))
         assert engine.model.decode_ms(batch, context) == pytest.approx(point["ms"])
@@ -166,12 +180,11 @@ def test_calibrate_vllm_writes_a_profile_the_sim_loads(calibration: Path) -> Non
 @pytest.mark.vllm
 @vllm_installed
 def test_fidelity_against_vllm_end_to_end(
-    model_dir: Path, calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    short_model: Path, calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "fidelity"
-    argv = ["fidelity", "--against", "vllm", "--engine-option", f"model={model_dir}"]
+    argv = ["fidelity", "--against", "vllm", "--engine-option", f"model={short_model}"]
     argv += ["--calibration", str(calibration), "--max-requests", "4", "--out", str(out)]
-    argv += ["--engine-option", "max_model_len=2048"]
     code = main(argv)
     assert code in (0, 1)  # agreement at 4 requests is not the point here; the table is
     doc = json.loads((out / "fidelity.json").read_text())
@@ -187,4 +200,8 @@ def test_fidelity_against_vllm_end_to_end(
             assert len(records) == 4
             assert all(json.loads(r)["outcome"] == "completed" for r in records)
     assert (out / "fidelity.md").read_text().startswith("| profile | metric |")
-    assert "p50 TTFT" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "p50 TTFT" in printed and f"fidelity: {FITTED}" in printed
+    assert (
+        "c_mixed class large: 8000 B -> " in printed and "clamped to fit max_model_len" in printed
+    )

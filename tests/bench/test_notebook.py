@@ -17,7 +17,7 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
-from bench.report import load_run
+from bench.report import claims, load_run
 from bench.report.plots import PLOTS, TTFT_BY_TURN, plots_absent, plots_for
 from harness import schema
 from tests.support import readme
@@ -53,6 +53,8 @@ def test_notebook_redraws_every_figure(
         )
     if kind == "nothing-completed":
         fail_everything(run_dir)
+    if kind != "incomplete":  # the report writes claims.json; the notebook reads it
+        claims.write(run_dir, claims.evaluate(load_run(run_dir)))
     expected = plots_for(load_run(run_dir))
     monkeypatch.setenv("ZL_RESULTS", str(run_dir))
     monkeypatch.setenv("ZL_NOTEBOOK_OUT", str(tmp_path / "redrawn"))
@@ -71,7 +73,10 @@ def test_notebook_redraws_every_figure(
     assert len(images) == len(expected)
     assert sorted(p.stem for p in (tmp_path / "redrawn").glob("*.png")) == sorted(expected)
     text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
-    assert "layer adds 80-150 ms" in text
+    if kind == "incomplete":
+        assert "no claims.json in this run" in text and "layer adds 80-150 ms" not in text
+    else:
+        assert "layer adds 80-150 ms" in text and "validity rule: a figure is decided" in text
     absent = plots_absent(load_run(run_dir))
     for name, why in absent.items():
         assert f"{name}: not drawn: {why}" in text

@@ -63,7 +63,7 @@ def _bench(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set
 
 
 def _run_dir(out: Path) -> Path:
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    (run,) = [p for p in out.iterdir() if (p / schema.RUN_META).is_file()]
     return run
 
 

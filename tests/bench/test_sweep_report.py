@@ -179,7 +179,7 @@ def test_a_plain_run_draws_no_load_curves_and_shows_host_cpu(tmp_path: Path) -> 
     run_dir = make_run(tmp_path / "plain")
     run = load_run(run_dir)
     assert run.sweep is None
-    assert set(plots.plots_for(run)) == set(plots.RUN_PLOTS)
+    assert set(plots.plots_for(run)) == set(plots.RUN_PLOTS | plots.CLAIM_PLOTS)
     fig = plots.load_latency(run)
     assert any("no sweep in this run" in t.get_text() for t in fig.texts)
     rows = schema.read_summary(run_dir)

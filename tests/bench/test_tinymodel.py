@@ -80,6 +80,27 @@ def test_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "vocab size" in capsys.readouterr().err
 
 
+def test_the_short_model_has_its_own_context_and_vocabulary(short_model: Path) -> None:
+    """The second model the vLLM tests run on (``tests.support.models``), written with the
+    options ``zl-bench tiny-model --context --vocab-size`` takes."""
+    from serving.engine.modeldir import read_model_dir
+
+    config = json.loads((short_model / "config.json").read_text())
+    assert (config["max_position_embeddings"], config["vocab_size"]) == (2048, 1024)
+    read = read_model_dir(str(short_model))
+    assert (read.context, read.vocab_size, read.tokenizer) == (2048, 1024, short_model)
+
+
+def test_cli_writes_a_model_of_another_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert zl_bench(["tiny-model", "--out", str(tmp_path / "m"), "--context", "4096"]) == 0
+    assert (
+        json.loads((tmp_path / "m" / "config.json").read_text())["max_position_embeddings"] == 4096
+    )
+    assert "context 4096, vocabulary 512" in capsys.readouterr().out
+
+
 CPU_SCALES = ("smoke", "laptop")
 
 

@@ -21,7 +21,7 @@ from harness.runner.results import RunDir
 from harness.runner.sampling import Telemetry
 from harness.schema import RequestRecord
 from harness.stacks import Stack
-from harness.telemetry import EngineTarget
+from harness.telemetry import Component, EngineTarget
 from tests.support.simrun import Spec, make_run
 from tests.support.turns import MULTI_TURN, with_turns
 
@@ -219,7 +219,7 @@ def test_ttft_by_turn_plot_draws_each_stacks_percentiles(turn_run: Path) -> None
 
 
 class _FakeStack:
-    """What the run's ``Telemetry`` asks of a stack: its name, engine targets and pids."""
+    """What the run's ``Telemetry`` asks of a stack: its name, engine targets and processes."""
 
     def __init__(self, counters: dict[str, int]) -> None:
         self.name = "zerolayer"
@@ -230,6 +230,9 @@ class _FakeStack:
 
     def pids(self) -> dict[str, list[int]]:
         return {}
+
+    def components(self) -> list[Component]:
+        return []
 
 
 def _count(counters: dict[str, int], queries: int, hits: int) -> None:

@@ -4,6 +4,8 @@ bound and ``active`` returns to 0. Plus the judging and the command line's user 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.cli import main
@@ -66,14 +68,17 @@ def test_a_setup_that_cannot_run_skips_with_its_reason() -> None:
         (["--only", "nope"], "unknown attack 'nope'"),
         (["--seconds", "0"], "must be a positive number"),
         (["--engine", "vllm"], "invalid choice"),
-        (["--out", "/no/such/dir/out.json"], "--out: no such directory"),
+        (["--out", "{file}/out.json"], "is a file, not a directory"),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(
-    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """Refused before any attack runs (root may write anywhere, so the folder under a file)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
     with pytest.raises(SystemExit) as exited:
-        main(["attack", *argv])
+        main(["attack", *(arg.format(file=a_file) for arg in argv)])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("zl-bench: error: ") and err.count("\n") == 1 and says in err, err

@@ -35,3 +35,9 @@ def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, na
         assert row.blast_radius_replicas == 1.0
     if name == "kill-engine-replica":
         assert row.fault == "kill" and row.blast_radius_replicas == 0.5
+    if name == "kv-pressure-one-replica":
+        # The orchestrator refuses as it does: its engine fills (the watch sees it) and the
+        # pressure's requests wait in it; a notice without a refusal is only a lower bound.
+        got = row.refusal
+        assert got is not None and got.crossing_ns and got.watched.startswith("kv-watch-"), got
+        assert got.censored == (got.refused == 0) and got.admitted_after is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chaos.actions import alive
-from chaos.recovery import method_actions
+from chaos.recovery import Recovery, method_actions
 from chaos.targets import read_target
 from harness.profile import Profile
 from harness.schema import read_jsonl, read_requests, requests_file
@@ -50,6 +50,22 @@ def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, na
         assert len(changed) == 1, "the rollback restarts exactly the killed replica"
         assert changed[0][1] in stack.pids()["replica"], "the stack adopts the restarted replica"
         assert row.sdk_reroute_s is not None
+    if name == "kv-pressure-one-replica":
+        _check_the_pressure_is_refused_on_its_headers(out_dir, row)
+
+
+def _check_the_pressure_is_refused_on_its_headers(out_dir: Path, row: Recovery) -> None:
+    """The replica filled by the pressure refuses the rest at once: each refusal stamped by its
+    client after its send, and the replica's KV watch saw its cache cross the threshold first."""
+    got = row.refusal
+    assert got is not None and got.refused > 0 and not got.censored, got
+    assert got.crossing_ns and got.watched.startswith("kv-watch-zl-"), got
+    assert got.notice_ms is not None and got.p99_ms is not None and got.admitted_after is not None
+    assert all(us > 0 for us in got.latencies_us) and len(got.latencies_us) == got.refused
+    records = read_requests(out_dir / "chaos" / f"refusals-{STACK}-kv-pressure-one-replica.jsonl")
+    assert len(records) == got.requests
+    refused = [r for r in records if r.refused_ns]
+    assert refused and all(r.sent_ns < r.refused_ns and r.first_token_ns == 0 for r in refused)
 
 
 def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: int) -> None:

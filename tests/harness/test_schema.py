@@ -262,6 +262,11 @@ def test_results_written_before_the_typed_schema_read_unchanged() -> None:
     # version 3 writes a version-2 row's keys unchanged, plus the fields added since (None)
     assert schema.to_data(row) == old_row | {"host_speed": None}
     old_meta = orjson.loads((FIXTURE / schema.RUN_META).read_bytes())
-    # ... and run.json's, plus the parity check's record (nothing read in an older run)
-    added = {"schema_version": schema.SCHEMA_VERSION, "parity": schema.to_data(schema.Parity())}
+    # ... and run.json's, plus the parity check's record (nothing read in an older run) and the
+    # cluster's (None: a run not placed on a Ray cluster)
+    added = {
+        "schema_version": schema.SCHEMA_VERSION,
+        "parity": schema.to_data(schema.Parity()),
+        "cluster": None,
+    }
     assert schema.to_data(meta) == old_meta | added

@@ -42,6 +42,7 @@ from harness.stacks.external import ExternalKind
 from harness.stacks.rayserve import RayServeKind, RayServeLlmKind
 from harness.workload import PlannedRequest
 from serving.engine.vllm_engine import CPU_DEFAULTS, server_flags
+from tests.support.httpserver import answering_url
 from zerolayer.client import Http1Client, ZeroLayerClient
 
 
@@ -101,12 +102,20 @@ def test_unreachable_external_stack_is_refused_before_any_load(tmp_path: Path) -
 
 
 def test_reachable_external_stack_starts_and_stops_nothing(tmp_path: Path) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server:
+    with (
+        answering_url() as url,
+        stand_up(StackSpec(StackName.BASELINE, urls=(url,)), tmp_path) as stack,
+    ):
+        assert stack.external and stack.urls == [url] and stack.protocol == "http1"
+        assert stack.pids() == {} and stack.engine_targets() == []
+        assert stack.metadata["impl"] == "external"
+
+
+def test_an_external_url_that_does_not_speak_http_is_unreachable(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers
         url = f"http://127.0.0.1:{server.getsockname()[1]}"
-        with stand_up(StackSpec(StackName.BASELINE, urls=(url,)), tmp_path) as stack:
-            assert stack.external and stack.urls == [url] and stack.protocol == "http1"
-            assert stack.pids() == {} and stack.engine_targets() == []
-            assert stack.metadata["impl"] == "external"
+        with pytest.raises(StackUnreachable, match=f"{url} does not answer HTTP"):
+            stand_up(StackSpec(StackName.BASELINE, urls=(url,)), tmp_path)
 
 
 def test_a_killed_replica_comes_back_with_its_command_and_is_adopted(tmp_path: Path) -> None:
@@ -213,15 +222,14 @@ def test_a_stacks_model_and_body_fields_reach_every_client_and_loader(tmp_path: 
 
 
 def test_profile_d_skips_vllm_serve_with_a_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from typing import Any, cast
 
-    from bench.run import FAULT_PROFILE, _run_fault_profile
+    from bench.run import FAULT_PROFILE, _fault_stacks
     from harness.profile import load_profile
 
     spec = StackSpec(StackName.VLLM_SERVE, engine="vllm", replicas=1)
     stack = Stack(spec, ["http://127.0.0.1:1"], kind=kind_for(spec), metadata={})
     profile = load_profile(FAULT_PROFILE, "smoke", None)
-    _run_fault_profile(profile, stack, cast(Any, None), cast(Any, None))
+    assert _fault_stacks([stack], profile) == []
     assert "faults are defined for the zero-layer and baseline stacks" in capsys.readouterr().out
 
 

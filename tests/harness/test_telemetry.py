@@ -9,7 +9,6 @@ import itertools
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,6 +34,7 @@ from harness.telemetry import (
 from harness.telemetry.engine import stats_row
 from harness.telemetry.process import ProcessCpu, cpu_seconds, cpu_spent, read_cpu
 from serving.engine import EngineRequest, EngineStats, SimConfig, SimEngine
+from tests.support.httpserver import answering_url
 
 
 def _nvml_present() -> bool:
@@ -194,15 +194,8 @@ def metrics_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with answering_url(Handler) as url:
+        yield url
 
 
 def test_prometheus_scrape_and_a_replica_that_is_down(metrics_server: str) -> None:
@@ -319,6 +312,43 @@ def test_nvml_reads_memory_v2_and_utilisation(tmp_path: Path) -> None:
     assert all(r["mem_reserved_bytes"] >= 0 for r in rows)
     utils = [r["gpu_util_pct"] for r in rows if r["gpu_util_pct"] is not None]
     assert utils and all(0 <= u <= 100 for u in utils)
+    assert all(r["nvlink_errors"] is None or r["nvlink_errors"] >= 0 for r in rows)
+
+
+class FakeNvml:
+    """A test double of NVML's NVLink calls (no GPU here): links 0 and 2 active, counters set
+    per (link, counter); every other link raises NVML's not-supported error."""
+
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
+    NVML_NVLINK_ERROR_DL_CRC_FLIT, NVML_NVLINK_ERROR_DL_CRC_DATA = 2, 3
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, counters: dict[tuple[int, int], int]) -> None:
+        self.counters = counters
+
+    def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
+        if link == 3:
+            raise self.NVMLError("not supported")
+        return int(link in (0, 2))
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: object, link: int, kind: int) -> int:
+        return self.counters.get((link, kind), 0)
+
+
+def test_nvlink_errors_sum_every_counter_of_the_active_links_only() -> None:
+    source = NvmlSource()
+    source._nvml = FakeNvml({(0, 0): 2, (0, 3): 5, (2, 1): 1, (1, 0): 100})
+    assert source._nvlink_errors(object()) == 8, "link 1 is inactive, link 3 unsupported"
+    source._nvml = FakeNvml({})
+    assert source._nvlink_errors(object()) == 0
+    no_links = FakeNvml({})
+    no_links.NVML_NVLINK_MAX_LINKS = 0
+    source._nvml = no_links
+    assert source._nvlink_errors(object()) is None, "a GPU without NVLink has no figure"
 
 
 def test_baseline_replica_stats_file_round_trips(tmp_path: Path) -> None:

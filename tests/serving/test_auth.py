@@ -422,7 +422,7 @@ def test_a_bench_run_with_auth_keys_every_tenant_and_records_it(tmp_path: Path) 
         auth=True,
     )
     assert bench_run.run(config) == 0
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (run,) = [p for p in tmp_path.iterdir() if (p / schema.RUN_META).is_file()]
     meta = orjson.loads((run / schema.RUN_META).read_bytes())
     assert meta["config"]["auth"] is True
     assert meta["stacks"]["zerolayer"]["auth"] == f"api keys ({KEY_FILE})"
@@ -447,14 +447,14 @@ def test_auth_is_refused_for_stacks_the_run_did_not_start() -> None:
 # -- the overhead benchmark's --auth ---------------------------------------------------------------
 
 
-def overhead_level(target: str, e2el_p50: float, cpu_s: float) -> Any:
+def overhead_level(target: str, e2el_p50: float, cpu_s: float, repeat: int = 0) -> Any:
     from bench.overhead.model import HostLoad, Level, ServerCpu
 
     return Level(
         target=target, in_flight=1, rate=5.0, completed=10, errors=0, ttft_p50_ms=1.0,
         ttft_p99_ms=2.0, e2el_p50_ms=e2el_p50, e2el_p99_ms=2 * e2el_p50, lag_p99_ms=0.1,
         tokens=(8,) * 10, client_cpu_us=1.0, server_cpu=ServerCpu(cpu_s, cpu_s),
-        host=HostLoad(busy=0.1, load1=0.1, cores=2),
+        host=HostLoad(busy=0.1, load1=0.1, cores=2), repeat=repeat,
     )  # fmt: skip
 
 
@@ -462,13 +462,18 @@ def test_overhead_reports_each_stack_with_auth_against_itself_without() -> None:
     from bench.overhead.render import auth_costs
 
     levels = [
-        overhead_level("inproc", 1.0, 0.0),
-        overhead_level("zerolayer", 2.0, 0.010),
-        overhead_level("zerolayer+auth", 2.5, 0.012),
+        level
+        for repeat in range(3)
+        for level in (
+            overhead_level("inproc", 1.0, 0.0, repeat),
+            overhead_level("zerolayer", 2.0 + 0.1 * repeat, 0.010, repeat),
+            overhead_level("zerolayer+auth", 2.5 + 0.1 * repeat, 0.012, repeat),
+        )
     ]
     (line,) = auth_costs(levels)
-    assert line.startswith("auth cost, zerolayer at 1 in flight: E2EL p50 +0.50 ms, p99 +1.00 ms")
-    assert "server CPU +200.00 us per request (1000 us -> 1200 us)" in line
+    assert line.startswith("auth cost, zerolayer at 1 in flight: E2EL p50 +0.50 [+0.50, +0.50] ms")
+    assert "p99 +1.00 [+1.00, +1.00] ms (n=3)" in line
+    assert "server CPU +200.0 [+200.0, +200.0] us (n=3) per request" in line
     assert auth_costs(levels[:2]) == []
 
 

@@ -71,6 +71,10 @@ def run_and_check(
     row = runner.run_one(path, stack.name, profile, target_file, chaos_dir, tokens)
     runner.adopt_restarted(stack, target_file)
     conf = {"target_file": str(target_file)}
+    if row.absent:  # nothing to act on: not run, and said so
+        assert not (chaos_dir / f"{stack.name}-{name}.journal.json").exists()
+        assert probes.all_alive(probes.replicas(conf)), probes.replicas(conf)
+        return row
 
     journal = json.loads((chaos_dir / f"{stack.name}-{name}.journal.json").read_text())
     before = journal["steady_states"]["before"]
@@ -94,5 +98,7 @@ def run_and_check(
     engines = {r["name"] for r in telemetry if r.get("source") == "engine" and r.get("up")}
     assert len(engines) == stack.spec.replicas, f"engine telemetry of {engines} only"
     line = next(x for x in runner.table([row]).splitlines() if name in x)
-    assert line.split()[5] == "0"  # the lost column
+    assert line.split()[6] == "0"  # the lost column
+    assert row.host_speed and row.host_cpu_pct is not None, "the trial's host was measured"
+    assert row.faulted.requests > 0 and row.steady.requests + row.faulted.requests <= row.requests
     return row

@@ -118,4 +118,5 @@ def next_replica(candidates: Iterator[E], timing: Timing, max_retries: int) -> E
         timing.retries += 1
     timing.tried.append(replica.url)
     timing.replica = replica.url
+    timing.refused_ns = 0  # a refusal is the attempt's, not the request's
     return replica

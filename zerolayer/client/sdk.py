@@ -5,15 +5,23 @@ consistent-hash ring from the session's owner, skipping replicas its background 
 (with hysteresis) or a lost connection marked down; a retryable refusal or a connection lost
 before the first token moves the request to the next replica, up to ``max_retries``; after the
 first token nothing is retried and the caller gets the error.
+
+The replica set is given (``replica_urls``) or discovered (``discovery``: a watched file, see
+``zerolayer.client.discovery``); :meth:`ZeroLayerClient.set_replicas` changes it either way. A
+replica that leaves gets no new request; the requests it is serving finish on their connection,
+which closes once it is idle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Unpack
 
 import orjson
@@ -25,6 +33,7 @@ from zerolayer.client.codec import (
     RequestIssuer,
     ZeroLayerError,
 )
+from zerolayer.client.discovery import DEFAULT_INTERVAL_S, ReplicaFile
 from zerolayer.client.failover import Action, Outcome, next_replica
 from zerolayer.client.health import DEFAULT_DOWN_AFTER, DEFAULT_UP_AFTER, healthy
 from zerolayer.client.replica import ReplicaEndpoint, default_tls, split_url
@@ -34,6 +43,17 @@ from zerolayer.client.submit import OnDone, Submission
 from zerolayer.client.timing import Timing
 
 _now = time.time_ns
+log = logging.getLogger("zerolayer.client")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaChange:
+    """One change of the client's replica set: when it took effect (wall-clock ns) and what it
+    added and removed."""
+
+    t_ns: int
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
 
 
 class ZeroLayerClient:
@@ -43,7 +63,9 @@ class ZeroLayerClient:
     safe to call from many tasks at once, and all of a replica's requests share one connection,
     so a caller's header that could break it is refused before sending (``bad_request``).
     ``api_key`` goes on every request as ``authorization: Bearer``, unless a request names its
-    own ``api_key``.
+    own ``api_key``. With ``discovery`` (a replica file, ``zerolayer.client.discovery``) the
+    replicas are the file's, read now and watched every ``discovery_interval_s`` once started
+    (``replica_urls`` may then be empty); ``changes`` records every change of the set.
     """
 
     def __init__(
@@ -62,12 +84,25 @@ class ZeroLayerClient:
         model: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         api_key: str | None = None,
+        discovery: str | Path | None = None,
+        discovery_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
+        self.discovery = None if discovery is None else ReplicaFile(discovery)
         urls = list(dict.fromkeys(replica_urls))
+        if self.discovery is not None:
+            urls = self.discovery.changed() or urls
         if not urls:
-            raise ValueError("need at least one replica URL")
+            why = f": {self.discovery.error}" if self.discovery is not None else ""
+            raise ValueError(f"need at least one replica URL{why}")
+        if discovery_interval_s <= 0:
+            raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
+        self.discovery_interval_s = discovery_interval_s
+        self._down_after, self._up_after = down_after, up_after
         self.replicas = {url: ReplicaEndpoint(url, down_after, up_after) for url in urls}
         self.ring = HashRing(urls, vnodes)
+        self.changes: list[ReplicaChange] = []
+        # Replicas that left while serving: closed once their connection is idle.
+        self._leaving: list[ReplicaEndpoint] = []
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.max_retries = max_retries
@@ -81,6 +116,7 @@ class ZeroLayerClient:
         )
         self._issue = RequestIssuer("zl", model, extra_body, api_key)
         self._poller: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         # Tasks of submitted requests that had to wait for a connection or a stream slot.
         self.background: set[asyncio.Future[None]] = set()
 
@@ -92,24 +128,83 @@ class ZeroLayerClient:
         await self.close()
 
     async def start(self) -> None:
-        """Start the background health poll (no-op when ``health_interval_s`` is 0)."""
+        """Start the background health poll (no-op when ``health_interval_s`` is 0) and the
+        discovery file's watch (with ``discovery``)."""
         if self._poller is None and self.health_interval_s > 0:
             self._poller = asyncio.create_task(self._poll_forever())
+        if self._watcher is None and self.discovery is not None:
+            self._watcher = asyncio.create_task(self._watch_forever())
 
     async def close(self) -> None:
-        """Stop polling and close every connection; live streams end as lost."""
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
-        for replica in self.replicas.values():
+        """Stop polling and watching and close every connection; live streams end as lost."""
+        for task in (self._poller, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._poller = self._watcher = None
+        for replica in [*self.replicas.values(), *self._leaving]:
             if replica.conn is not None:
                 replica.conn.close()
                 replica.conn = None
+        self._leaving.clear()
 
     def is_up(self, url: str) -> bool:
         return self.replicas[url].health.up
+
+    # membership
+
+    def set_replicas(self, urls: Iterable[str]) -> ReplicaChange | None:
+        """Route over ``urls`` from now on: new replicas join the ring (starting up, as at
+        construction), missing ones leave it; None when nothing changed. ValueError for an
+        empty set (the client keeps the one it has)."""
+        wanted = list(dict.fromkeys(urls))
+        if not wanted:
+            raise ValueError("need at least one replica URL")
+        added = tuple(u for u in wanted if u not in self.replicas)
+        removed = tuple(u for u in self.replicas if u not in wanted)
+        if not added and not removed:
+            return None
+        endpoints = {u: ReplicaEndpoint(u, self._down_after, self._up_after) for u in added}
+        for url in removed:
+            self.ring.remove(url)
+            self._leaving.append(self.replicas.pop(url))
+        for url, endpoint in endpoints.items():
+            self.replicas[url] = endpoint
+            self.ring.add(url)
+        if self.tls is None and any(e.tls for e in endpoints.values()):
+            self.tls = default_tls()
+        change = ReplicaChange(_now(), added, removed)
+        self.changes.append(change)
+        self._close_idle_leavers()
+        return change
+
+    def _close_idle_leavers(self) -> None:
+        """Close the connections of replicas that left once no request of ours is on them."""
+        still = []
+        for replica in self._leaving:
+            conn = replica.conn
+            if conn is not None and not conn.closed and conn.open_streams:
+                still.append(replica)
+            elif conn is not None:
+                conn.close()
+                replica.conn = None
+        self._leaving = still
+
+    async def _watch_forever(self) -> None:
+        """Apply the discovery file's changes, checked every ``discovery_interval_s``."""
+        assert self.discovery is not None
+        reported = ""
+        while True:
+            await asyncio.sleep(self.discovery_interval_s)
+            urls = self.discovery.changed()
+            if urls is not None:
+                self.set_replicas(urls)
+            elif self.discovery.error and self.discovery.error != reported:
+                log.warning("discovery file ignored, keeping %d replicas: %s",
+                            len(self.replicas), self.discovery.error)  # fmt: skip
+            reported = self.discovery.error
+            self._close_idle_leavers()
 
     # health
 
@@ -149,8 +244,8 @@ class ZeroLayerClient:
     def _candidates(self, key: str) -> Iterator[ReplicaEndpoint]:
         replicas = self.replicas
         for url in self.ring.preference(key):
-            replica = replicas[url]
-            if replica.health.up:
+            replica = replicas.get(url)  # None: it left the set since the walk began
+            if replica is not None and replica.health.up:
                 yield replica
 
     def stream(self, **fields: Unpack[RequestFields]) -> Stream:
@@ -235,4 +330,4 @@ class ZeroLayerClient:
         return Outcome(resp.error, resp.committed, stream.timed_out)
 
 
-__all__ = ["ReplicaEndpoint", "ZeroLayerClient", "default_tls", "split_url"]
+__all__ = ["ReplicaChange", "ReplicaEndpoint", "ZeroLayerClient", "default_tls", "split_url"]

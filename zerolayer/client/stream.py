@@ -40,6 +40,9 @@ from zerolayer.client.timing import (
 
 _now = time.time_ns
 _loads = orjson.loads
+_ATTEMPTS = contract.ATTEMPTS.encode()
+_ZL_ERROR = contract.ERROR.encode()
+_RETRY_AFTER_MS = contract.RETRY_AFTER_MS.encode()
 # HTTP/2 error codes (RFC 9113 section 7) a reset carries.
 H2_PROTOCOL_ERROR = 0x1
 H2_REFUSED_STREAM = 0x7
@@ -125,15 +128,21 @@ class Response:
             await waiter
 
     def on_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.timing.headers_ns = _now()
-        self.status = self.timing.status = status
-        if status != 200:
-            self._body = bytearray()
-            for name, value in headers:
-                if name == b"zl-error":
-                    self._zl_error = value.decode("latin-1")
-                elif name == b"retry-after-ms":
-                    self._retry_after = value.decode("latin-1")
+        timing = self.timing
+        timing.headers_ns = now = _now()
+        self.status = timing.status = status
+        for name, value in headers:
+            if name == _ATTEMPTS and value.isdigit():
+                timing.attempts = int(value)
+        if status == 200:
+            return
+        timing.refused_ns = now
+        self._body = bytearray()
+        for name, value in headers:
+            if name == _ZL_ERROR:
+                self._zl_error = value.decode("latin-1")
+            elif name == _RETRY_AFTER_MS:
+                self._retry_after = value.decode("latin-1")
 
     def on_data(self, data: bytes) -> None:
         if self.done:
@@ -239,6 +248,8 @@ class Response:
         if self._body is not None and self.status:
             self.on_end()
             return
+        if not self.committed:
+            self.timing.refused_ns = _now()
         if error_code == H2_PROTOCOL_ERROR:
             self.fail(
                 ZeroLayerError(

@@ -23,6 +23,9 @@ class Timing:
     that answered; ``chunk_ns`` the arrival of every content chunk (the first is TTFT).
     ``error_code`` is a ``zl-error`` code from the server or one of this module's client codes;
     ``client_timeout`` means no answer by deadline plus grace (the loaders count it as lost).
+    ``refused_ns`` is when the last attempt was refused before any output (its error status
+    arrived, or its stream was reset), 0 if it was not; ``attempts`` the attempts a layer that
+    retries for its clients reports it made (``zl-attempts``), 0 where none reports them.
     """
 
     request_id: str = ""
@@ -35,6 +38,8 @@ class Timing:
     status: int = 0
     error_code: str = ""
     retries: int = 0
+    refused_ns: int = 0
+    attempts: int = 0
     tried: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     output_tokens: int = 0

@@ -8,6 +8,7 @@ import os
 import ssl
 
 from serving.auth import Authenticator
+from serving.engine.kvwatch import KvWatch
 from serving.engine.types import Engine
 from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, Accounting, FsyncPolicy
 from zerolayer.scheduler import SchedulerConfig
@@ -51,8 +52,10 @@ class ReplicaHandle:
         connections: Connections,
         host: str,
         tls: bool,
+        kv_watch: KvWatch | None = None,
     ) -> None:
         self.replica = replica
+        self.kv_watch = kv_watch
         self.engine = replica.engine
         self.server = server
         self._protocols = connections.open
@@ -86,6 +89,8 @@ class ReplicaHandle:
             protocol.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.server.wait_closed(), 1.0)
+        if self.kv_watch is not None:
+            await self.kv_watch.stop()
         self.replica.accounting.close()
 
     async def __aenter__(self) -> ReplicaHandle:
@@ -113,12 +118,15 @@ async def start_replica(
     accounting_flush_rows: int = FLUSH_ROWS,
     accounting_fsync: FsyncPolicy = FsyncPolicy.BATCH,
     backlog: int = 1024,
+    kv_watch_path: str | os.PathLike[str] | None = None,
 ) -> ReplicaHandle:
     """Serve ``engine`` on ``host:port`` (0: a free port) with HTTP/2 and HTTP/1.1.
 
     TLS with ALPN when ``tls_cert`` and ``tls_key`` are given; with ``tls_client_ca`` too, mutual
     TLS: each client shows a certificate that CA signed, and the tenant it names
-    (``auth.certificate_tenant``) goes to the authenticator. Call on the loop that will run it.
+    (``auth.certificate_tenant``) goes to the authenticator. With ``kv_watch_path``, the
+    engine's KV is stamped there under pressure (``serving.engine.kvwatch``). Call on the loop
+    that will run it.
     """
     context = server_tls(tls_cert, tls_key, tls_client_ca)
     name = name or f"replica-{os.getpid()}"
@@ -142,7 +150,16 @@ async def start_replica(
     connections = Connections(replica)
     server = await _listen(replica, connections, host, port, context, backlog)
     accounting.start(replica.loop)
-    return ReplicaHandle(replica, server, connections, host, context is not None)
+    watch = None
+    if kv_watch_path is not None:
+        watch = KvWatch(
+            engine.stats,
+            kv_watch_path,
+            pending=lambda: replica.promised_blocks + sum(replica.queue.state.blocks),
+            admitted=lambda: replica.admitted,
+        )
+        watch.start()
+    return ReplicaHandle(replica, server, connections, host, context is not None, watch)
 
 
 def server_tls(

@@ -3,7 +3,7 @@
     zl-replica --engine sim|null|torch|vllm --port P [--host H] [--tls-cert C --tls-key K]
                [--engine-option KEY=VALUE ...] [--accounting PATH [--accounting-fsync P]
                [--accounting-flush-rows N] [--accounting-flush-s S]]
-               [--api-keys FILE] [--tls-client-ca FILE]
+               [--api-keys FILE] [--tls-client-ca FILE] [--kv-watch PATH]
 
 Prints ``zl-replica listening on <url>`` (flushed) once it accepts connections, so a parent can
 wait for that line; ``--port 0`` picks a free port. SIGTERM (or SIGINT) drains: new streams are
@@ -14,6 +14,9 @@ exit status 2.
 ``--api-keys FILE`` turns authentication on (off by default, for local benchmarking): every
 ``/v1/*`` request then needs ``authorization: Bearer <key>`` for a key in FILE, or a client
 certificate verified against ``--tls-client-ca`` (see ``serving.auth``).
+
+``--kv-watch PATH`` stamps the engine's KV under pressure into PATH (``serving.engine.kvwatch``),
+for the refusal-speed measurement of profile D.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from serving.cliargs import (
     positive_int,
     readable_file,
 )
-from serving.engine import ENGINES, Engine, make_engine
+from serving.engine import ENGINES, Engine, engine_kind, make_engine
 from serving.engine.options import add_engine_option, validate_engine_options
 from zerolayer.accounting import FLUSH_INTERVAL_S, FLUSH_ROWS, FsyncPolicy
 from zerolayer.server.app import DRAIN_TIMEOUT_S, ReplicaHandle, start_replica, tls_context
@@ -85,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="replica name (accounting, request ids, /health)")
     _add_accounting_options(p)
+    p.add_argument(
+        "--kv-watch",
+        metavar="PATH",
+        help="append the engine's KV cache, sampled every 5 ms from a quarter committed, to PATH "
+        "as JSONL while it is at least half committed (when it crossed a refusal threshold)",
+    )
     p.add_argument(
         "--max-body-bytes",
         type=positive_int,
@@ -158,9 +167,13 @@ def check(args: argparse.Namespace) -> None:
     Replaces ``args.engine_options`` (a list of pairs) with the validated dict.
     """
     try:
-        args.engine_options = validate_engine_options(args.engine, dict(args.engine_options))
+        options = validate_engine_options(args.engine, dict(args.engine_options))
+        fit = engine_kind(args.engine).fit_to_model(options)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
+    args.engine_options = fit.options
+    # What was fitted to the model is said once, where the options left it to the model.
+    args.fitted = fit.notes if fit.options != options else ()
     try:
         args.limits = DEFAULT_LIMITS.with_overrides(dict(args.limits))
     except ValueError as exc:
@@ -186,10 +199,10 @@ def check(args: argparse.Namespace) -> None:
             tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
         except (OSError, ssl.SSLError) as exc:
             raise StartupError(f"cannot load --tls-client-ca: {exc}") from None
-    if args.accounting is not None:
-        folder = os.path.dirname(os.path.abspath(args.accounting))
-        if not os.path.isdir(folder):
-            raise StartupError(f"--accounting: no such directory: {folder}")
+    for option, path in (("--accounting", args.accounting), ("--kv-watch", args.kv_watch)):
+        folder = os.path.dirname(os.path.abspath(path)) if path is not None else ""
+        if folder and not os.path.isdir(folder):
+            raise StartupError(f"{option}: no such directory: {folder}")
 
 
 async def _start(args: argparse.Namespace) -> tuple[Engine, ReplicaHandle]:
@@ -213,6 +226,7 @@ async def _start(args: argparse.Namespace) -> tuple[Engine, ReplicaHandle]:
             limits=args.limits,
             auth=args.auth,
             tls_client_ca=args.tls_client_ca,
+            kv_watch_path=args.kv_watch,
         )
     except OSError as exc:
         await engine.close()
@@ -248,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         check(args)
     except StartupError as exc:
         return fail(PROG, str(exc))
+    for note in args.fitted:
+        print(f"{PROG}: {note}", file=sys.stderr, flush=True)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")  # fmt: skip
     try:

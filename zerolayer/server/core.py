@@ -157,8 +157,8 @@ class Call(Lifecycle):
 
     __slots__ = ("answer", "blocks", "body", "body_len", "completion_tokens", "deadline_at",
                  "engine_id", "id_headers", "kind", "launched", "max_body", "meta", "parts",
-                 "prompt_tokens", "queue_entry", "replica", "request_id", "sink", "start_ns",
-                 "started", "task", "timer")  # fmt: skip
+                 "promised", "prompt_tokens", "queue_entry", "replica", "request_id", "sink",
+                 "start_ns", "started", "task", "timer")  # fmt: skip
 
     def __init__(
         self,
@@ -187,6 +187,8 @@ class Call(Lifecycle):
         self.prompt_tokens = meta.prompt_tokens or 0
         self.completion_tokens = 0
         self.blocks = 0
+        # KV blocks its headers said it needs, promised from admission until it is dispatched.
+        self.promised = 0
         self.started = False
         self.launched = False
         self.task: asyncio.Task[None] | None = None
@@ -404,6 +406,10 @@ class ReplicaCore:
         self._launching_prefill = 0
         self._pump_timer: asyncio.TimerHandle | None = None
         self.refusals: Counter[str] = Counter()
+        # Generation requests admitted on their headers, and the KV blocks their headers said
+        # they need while their bodies are read (what the KV watch counts as taken in, promised).
+        self.admitted = 0
+        self.promised_blocks = 0
         self.failures: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
         self.prompt_tokens_total = 0
@@ -515,6 +521,11 @@ class ReplicaCore:
             self._refuse(sink, BAD_REQUEST, "the request has no body", rid, None, meta)
             return None
         call = Call(self, sink, kind, meta, rid, self.max_body_bytes, request_id is None)
+        call.promised = blocks_for(
+            (meta.prompt_tokens or 0) + (meta.max_tokens or 0), self.block_size
+        )
+        self.promised_blocks += call.promised
+        self.admitted += 1
         self.active += 1
         self._idle.clear()
         sink.open_window(content_length if content_length >= 0 else self.max_body_bytes)
@@ -553,8 +564,14 @@ class ReplicaCore:
 
     # -- dispatch to the engine -----------------------------------------------------------------
 
+    def settle(self, call: Call) -> None:
+        """The call's promise ends: it reaches the engine or the queue, or it ended first."""
+        self.promised_blocks -= call.promised
+        call.promised = 0
+
     def dispatch(self, call: Call) -> None:
         """Run the call now if the engine has room and nothing waits, else queue it in order."""
+        self.settle(call)
         body = call.body
         assert body is not None
         if not self.queue and engine_has_room(
@@ -652,6 +669,7 @@ class ReplicaCore:
 
     def finished(self, call: Call, outcome: str, error: str | None) -> None:
         """Count and account a call that ended; tokens are those the client was sent."""
+        self.settle(call)
         self.outcomes[outcome] += 1
         delivered = call.started or outcome == COMPLETED
         prompt = call.prompt_tokens if delivered else 0

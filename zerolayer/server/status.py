@@ -123,8 +123,10 @@ def metrics_text(replica: Observed) -> bytes:
 
 
 def _metric(name: str, kind: str, text: str, value: object, labels: str = "") -> list[str]:
-    """One metric's HELP, TYPE and sample lines."""
-    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
+    """One metric's HELP, TYPE and sample lines; a figure the engine does not have is NaN, as
+    Prometheus spells an unknown value."""
+    shown = "NaN" if value is None else value
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{labels} {shown}"]
 
 
 def vllm_metrics(replica: Observed, stats: EngineStats, queued: int) -> list[str]:

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from bench.report.data import RunData
 from bench.report.plots.breakdown import cpu_by_component, time_breakdown, where_time_goes
+from bench.report.plots.claims import claim_trials
 from bench.report.plots.common import data_notes
 from bench.report.plots.gpu import gpu_fragmentation
 from bench.report.plots.latency import latency_cdf, latency_variance, ttft_by_turn
@@ -43,6 +44,7 @@ from bench.report.plots.timeline import ttft_itl_timeline
 from harness import schema
 
 __all__ = [
+    "CLAIM_PLOTS",
     "HOST_LABEL",
     "HOST_NOTE",
     "INVALID_LABEL",
@@ -51,6 +53,7 @@ __all__ = [
     "SATURATED_LABEL",
     "SWEEP_PLOTS",
     "TTFT_BY_TURN",
+    "claim_trials",
     "cpu_by_component",
     "data_notes",
     "gpu_fragmentation",
@@ -90,20 +93,23 @@ SWEEP_PLOTS: dict[str, Draw] = {
     "load_added_latency": load_added_latency,
 }
 TELEMETRY_PLOTS: Final = frozenset({"gpu_fragmentation", "cpu_by_component"})
-PLOTS: dict[str, Draw] = {**RUN_PLOTS, **SWEEP_PLOTS}
+# Drawn for every run, plain or sweep: the claims as claims.json holds them.
+CLAIM_PLOTS: dict[str, Draw] = {"claim_trials": claim_trials}
+PLOTS: dict[str, Draw] = {**RUN_PLOTS, **SWEEP_PLOTS, **CLAIM_PLOTS}
 
 
 def plots_for(run: RunData) -> dict[str, Draw]:
     """The figures that have data in this run: a sweep's load curves and its telemetry over
     time; a plain run's per-profile figures (the load curves would only say "no sweep"); TTFT
-    by turn for each profile with multi-turn sessions (``ttft_by_turn-<profile>``)."""
+    by turn for each profile with multi-turn sessions (``ttft_by_turn-<profile>``); and the
+    claims' trials, from ``claims.json``."""
     chosen = dict(SWEEP_PLOTS) if run.sweep is not None else {}
     for name, draw in RUN_PLOTS.items():
         if run.sweep is None or run.records or name in TELEMETRY_PLOTS:
             chosen[name] = draw
     for profile in run.turn_profiles:
         chosen[f"{TTFT_BY_TURN}-{profile}"] = partial(ttft_by_turn, profile=profile)
-    return chosen
+    return chosen | CLAIM_PLOTS
 
 
 def plots_absent(run: RunData) -> dict[str, str]:

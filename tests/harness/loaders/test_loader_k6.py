@@ -139,3 +139,38 @@ def test_k6_reports_refusals_with_their_code(tmp_path: Path) -> None:
         result = K6Loader(vus=4).run(sched, stack, profile, tmp_path / "req.jsonl", tmp_path)
     assert result.summary["errors"] == len(sched) == 10
     assert set(result.summary["errors_by_code"]) == {"prompt_too_long"}
+
+
+def test_k6_segments_split_the_iterations_and_together_send_the_schedule_once(
+    tmp_path: Path,
+) -> None:
+    """k6's own distributed mode, each instance as a cluster's loader worker runs it (here in
+    this process: the cluster places them, ``test_cluster_run`` places them): paused, resumed
+    through its REST API, each with its segment of the one plan."""
+    from harness.loaders.k6_segments import K6Segment, segments
+
+    sched = build_schedule(profile_at(rate=20.0, duration_s=1.0, max_tokens=4))
+    spec = StackSpec(StackName.ZEROLAYER, engine="null", replicas=1, tls=True)
+    with stand_up(spec, tmp_path / "stack") as stack:
+        trust = tls_trust(stack.urls, stack.tls_ca)
+        paths = write_inputs(
+            sched, replica_routes(sched, stack), tmp_path / "k6", rate=20.0, duration_s=1.0,
+            vus=8, grace_s=5.0, trust=trust,
+        )  # fmt: skip
+        files = {p.name: p.read_bytes() for p in paths.values()}
+        assert trust.ca_file is not None
+        files["ca.pem"] = trust.ca_file.read_bytes()
+        names, sequence = segments(2)
+        assert (names, sequence) == (["0:1/2", "1/2:1"], "0,1/2,1")
+        instances = [K6Segment(), K6Segment()]
+        for instance, name in zip(instances, names, strict=True):
+            assert instance.start(files, name, sequence)
+        for instance in instances:
+            instance.resume()
+        ends = [instance.finish(60.0) for instance in instances]
+    per_segment = [{line["i"] for line in lines} for lines, _ in ends]
+    assert all(per_segment) and not per_segment[0] & per_segment[1]
+    records, dropped = parse_run(sched, [line for lines, _ in ends for line in lines],
+                                 "zerolayer", "a", rate=20.0)  # fmt: skip
+    assert dropped == 0 and {r.request_id for r in records} == {r.request_id for r in sched}
+    assert all(r.outcome == "completed" for r in records)

@@ -55,3 +55,43 @@ def test_locust_records_refusals_with_their_code(tmp_path: Path) -> None:
     assert result.summary["errors"] == len(sched) == 10
     assert result.summary["errors_by_code"] == {"prompt_too_long": 10}
     assert result.extra["locust_stats"]["num_failures"] == 10
+
+
+def test_locust_master_and_workers_send_each_shard_once_from_one_start(tmp_path: Path) -> None:
+    """Locust's own distributed mode as a cluster runs it (the workers here, as the cluster's
+    actors start them: ``test_cluster_run`` places them): a master with two workers, each with
+    its shard by session, one start time; every request once, locust's stats at the master."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.loaders.base import write_plan
+    from harness.loaders.locust_workers import CHILD, MASTER, WORKER, LocustWorker, child_env
+    from harness.loaders.sharded import shards
+    from harness.stacks.processes import free_port
+
+    sched = build_schedule(profile_at(rate=50.0, duration_s=1.0, max_tokens=4))
+    with stand_up(StackSpec(StackName.ZEROLAYER, engine="null", replicas=1), tmp_path) as stack:
+        route = dict(zip([r.request_id for r in sched], replica_routes(sched, stack), strict=True))
+        shared = {"host": stack.urls[0], "stack": "zerolayer", "profile": "a", "users": 8,
+                  "verify": True, "extra_body": {}, "auth_headers": {}, "bound_s": 60.0,
+                  "master_host": "127.0.0.1", "master_port": free_port()}  # fmt: skip
+        workers = [LocustWorker(), LocustWorker()]
+        for i, (worker, part) in enumerate(zip(workers, shards(sched, 2), strict=True)):
+            paths = write_plan(part, [route[r.request_id] for r in part], tmp_path / f"w{i}", 5.0)
+            worker.start({p.name: p.read_bytes() for p in paths.values()},
+                         {**shared, "mode": WORKER})  # fmt: skip
+        master = tmp_path / "master.json"
+        stats_path = str(tmp_path / "stats.json")
+        master_cfg = {**shared, "mode": MASTER, "bind_host": "127.0.0.1", "workers": 2}
+        master.write_text(json.dumps({**master_cfg, "stats": stats_path}))
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(master)], env=child_env(),
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        ends = [worker.finish(30.0) for worker in workers]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(code == 0 for _, code, _ in ends), [tail for _, _, tail in ends]
+    ids = [json.loads(line)["request_id"] for data, _, _ in ends for line in data.splitlines()]
+    assert sorted(ids) == sorted(r.request_id for r in sched)
+    assert all(data for data, _, _ in ends), "both workers sent their shard"
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["num_requests"] == len(sched) and stats["num_failures"] == 0

@@ -47,12 +47,10 @@ def test_an_unknown_engine_is_refused_with_the_list() -> None:
 
 
 @pytest.mark.parametrize("name", ENGINES)
-def test_each_kind_has_a_config_dataclass_or_none(name: str) -> None:
+def test_each_kind_has_a_config_dataclass(name: str) -> None:
     if name == "torch" and not HAVE_TORCH:
         pytest.skip("the torch extra is not installed")
-    config = engine_kind(name).config_class
-    assert config is None or dataclasses.is_dataclass(config)
-    assert (config is None) == (name == "null")
+    assert dataclasses.is_dataclass(engine_kind(name).config_class)
 
 
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,6 +78,68 @@ def test_abort_ends_the_stream_and_tells_vllm() -> None:
     asyncio.run(main())
 
 
+def test_vllms_stream_is_read_in_the_callers_own_task() -> None:
+    """No task per token: every output is read by the task that reads the adapter's stream."""
+
+    async def main() -> set[Any]:
+        engine = fake_engine()
+        readers: set[Any] = set()
+        generate = engine.llm.generate
+
+        async def watched(*args: Any) -> Any:
+            async for out in generate(*args):
+                readers.add(asyncio.current_task())
+                yield out
+
+        engine.llm.generate = watched
+        chunks = await collect(engine, EngineRequest("w", 5, 20))
+        assert len(chunks) == 20
+        await engine.close()
+        return readers
+
+    readers = asyncio.run(main())
+    assert len(readers) == 1, "one reader: the caller's task"
+
+
+def test_abort_while_waiting_ends_the_stream_and_the_reader_goes_on() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        stream = engine.generate(EngineRequest("a", 5, 1000))
+        await anext(stream)
+
+        async def read_rest() -> list[Any]:
+            rest = [c async for c in stream]
+            await asyncio.sleep(0)  # not cancelled: the abort cancelled the wait alone
+            return rest
+
+        reader = asyncio.ensure_future(read_rest())
+        await asyncio.sleep(0)  # the reader now waits on vLLM's next output
+        engine.abort("a")
+        rest = await reader
+        assert rest[-1].finish_reason == "abort" and not reader.cancelled()
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_reader_cancelled_from_outside_stays_cancelled_even_when_aborted_too() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        stream = engine.generate(EngineRequest("c", 5, 1000))
+        await anext(stream)
+        reader = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        reader.cancel()  # the replica stops the run (the client went away) ...
+        engine.abort("c")  # ... and aborts the engine request
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        await asyncio.sleep(0)
+        assert "c" in engine.llm.aborted and not engine.llm.active
+        await engine.close()
+
+    asyncio.run(main())
+
+
 def test_stats_come_from_the_stat_logger() -> None:
     async def main() -> None:
         engine = fake_engine(max_num_seqs=64)
@@ -324,5 +386,33 @@ def test_real_vllm_streams_exact_token_counts(tmp_path: Path) -> None:
             assert engine.signal.records > 0
         finally:
             await engine.close()
+
+    asyncio.run(main())
+
+
+class CountingTokenizer:
+    """A tokenizer that counts its calls: one id per word."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.calls += 1
+        return [len(word) for word in text.split()]
+
+
+def test_a_prompt_counted_at_admission_is_not_tokenized_again() -> None:
+    async def main() -> None:
+        engine = fake_engine()
+        engine.tokenizer = tokenizer = CountingTokenizer()
+        assert engine.count_tokens("one two three") == 3
+        await collect(engine, EngineRequest("p", 3, 2, prompt="one two three"))
+        assert tokenizer.calls == 1 and engine.llm.prompts[-1]["prompt_token_ids"] == [3, 3, 5]
+        await collect(engine, EngineRequest("q", 3, 2, prompt="one two three"))
+        assert tokenizer.calls == 2, "not counted this time: tokenized by generate"
+        for i in range(2000):  # counted, never generated (refused): the kept ids stay bounded
+            engine.count_tokens(f"refused prompt {i} " + "word " * 500)
+        assert sum(len(ids) for ids in engine._counted.values()) <= 1 << 18
+        await engine.close()
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness.certs import self_signed
+from serving.engine.kvwatch import read_kv_watch
 from serving.wire.tokens import count_prompt_tokens
 from tests.support.sdk import Spawn, expected_text, run, session_owned_by
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
@@ -170,10 +171,38 @@ def test_refusal_is_retried_on_the_next_replica(spawn: Spawn) -> None:
         assert s.timing.replica == tiny.url and rest
         assert second.timing.tried == [tiny.url, roomy.url]
         assert second.timing.replica == roomy.url and second.timing.retries == 1
+        assert second.timing.refused_ns == 0, "the refusal was the first attempt's, not its end"
         assert second.tokens == max_tokens
         assert client.is_up(tiny.url)
 
     run(main())
+
+
+def test_a_refusal_is_stamped_when_the_client_sees_it(spawn: Spawn, tmp_path: Path) -> None:
+    """A request refused on its headers ends with the moment its error status arrived; the
+    replica's KV watch saw the cache committed past the refusal point, and counts the admitted
+    request, not the refused one."""
+    watch = tmp_path / "kv-watch.jsonl"
+    tiny = spawn("sim", "--engine-option", "num_kv_blocks=10", "--kv-watch", str(watch))
+    prompt = "z" * 256
+    max_tokens = 144 - count_prompt_tokens(prompt)
+
+    async def main() -> None:
+        client = ZeroLayerClient([tiny.url], health_interval_s=0, max_retries=0)
+        async with client, client.stream(prompt=prompt, max_tokens=max_tokens, session="s") as s:
+            with pytest.raises(ZeroLayerError) as refused:
+                await client.complete(prompt=prompt, max_tokens=max_tokens, session="s")
+            rest = [c async for c in s]
+        t = refused.value.timing
+        assert rest and s.timing.refused_ns == 0
+        assert refused.value.code == "kv_exhausted" and t.outcome == "error"
+        assert t.sent_ns < t.refused_ns == t.headers_ns <= t.end_ns
+        assert t.first_token_ns == 0 and t.attempts == 0
+
+    run(main())
+    samples = read_kv_watch(watch)
+    assert samples and max(x.committed for x in samples) >= 9
+    assert {x.admitted for x in samples} == {1}
 
 
 def test_frozen_replica_ends_in_client_timeout_not_a_hang(spawn: Spawn) -> None:

@@ -23,7 +23,7 @@ from hyperframe.frame import PingFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.engine import NullEngine
+from serving.engine import NullConfig, NullEngine
 from serving.engine.types import EngineRequest, EngineStats, TokenChunk
 from serving.wire.contract import MAX_OUTPUT_TOKENS
 from tests.support.server_client import H2Client, run, wait_all
@@ -356,7 +356,9 @@ async def test_a_connection_closed_on_a_client_that_reads_nothing_is_aborted_aft
     (its PING unanswered) that would hold the connection and its descriptor for ever."""
     keepalive, linger = 0.2, 0.2
     limits = Limits(keepalive_s=keepalive, linger_s=linger)
-    async with await start_replica(NullEngine(), limits=limits) as replica:
+    # Whole answers in one chunk each (the per-request null engine), framed in one loop turn.
+    whole = NullEngine(NullConfig(per_token=False))
+    async with await start_replica(whole, limits=limits) as replica:
         sock = socket.create_connection(("127.0.0.1", replica.port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
@@ -616,3 +618,26 @@ async def test_a_full_transport_stops_the_engine_until_the_client_reads_again() 
             assert text == WORD * max_tokens
         assert replica.replica.outcomes["completed"] == streams
         client.close()
+
+
+@run
+async def test_the_per_token_null_engine_stops_for_a_client_that_reads_nothing() -> None:
+    """The null engine streams a chunk per token: a client that never opens its window makes
+    the replica hold at most its stream's bound, not the whole answer (issue 28: the
+    one-chunk null engine held 65,536 tokens' SSE per such stream)."""
+    limits = Limits(stream_send_buffer_bytes=SEND_BUFFER, send_stall_s=0, keepalive_s=0)
+    async with await start_replica(NullEngine(), limits=limits) as replica:
+        client = await connect_zero_window(replica.port)
+        streams = [client.completion("never read", max_tokens=MAX_OUTPUT_TOKENS, stream=True)
+                   for _ in range(4)]  # fmt: skip
+        (protocol,) = replica._protocols
+        assert isinstance(protocol.handler, H2Handler)
+        handler = protocol.handler
+        held = await until(lambda: handler.buffer.unsent >= 4 * SEND_BUFFER, 300)
+        assert held, handler.buffer.unsent
+        for _ in range(200):  # the engines would run on if nothing stopped them
+            await asyncio.sleep(0)
+        event = 400  # an SSE event of one token is well under this
+        assert handler.buffer.unsent < 4 * (SEND_BUFFER + event), handler.buffer.unsent
+        assert replica.replica.active == 4 and not any(s.closed.is_set() for s in streams)
+        await client.close()

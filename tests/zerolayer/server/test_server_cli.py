@@ -56,7 +56,7 @@ MISTAKES = {
     "option of the wrong type": (["--engine-option", "max_num_seqs=many"], "max_num_seqs takes"),
     "option out of range": (["--engine-option", "num_kv_blocks=0"], "num_kv_blocks must be >= 1"),
     "old --option spelling": (["--option", "block_size=32"], "unrecognized arguments"),
-    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "takes no options"),
+    "null engine options": (["--engine", "null", "--engine-option", "a=1"], "per_token, itl_ms"),
     "unknown engine": (["--engine", "tpu"], "invalid choice"),
     "missing cert": (["--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"], "no such file"),
     "cert without key": (["--tls-cert", __file__], "--tls-cert and --tls-key go together"),
