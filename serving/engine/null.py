@@ -10,12 +10,21 @@ no per-token work at all.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from array import array
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
+from typing import Final
 
 from serving.engine.settings import EngineSettings
-from serving.engine.streams import VOCAB, detokenize, token_ids, uniform_logprobs
+from serving.engine.streams import (
+    VOCAB,
+    detokenize,
+    token_array,
+    token_blocks,
+    uniform_logprobs,
+)
 from serving.engine.types import EngineError, EngineRequest, EngineStats, TokenChunk
 
 
@@ -34,11 +43,23 @@ class NullConfig:
             raise ValueError("itl_ms needs per_token: one chunk per request has no token times")
 
 
-@lru_cache(maxsize=1024)
-def _stream(seed: int, count: int) -> tuple[int, ...]:
-    """The request's tokens, drawn once per (seed, length): the null engine's own cost must not
-    be a random-number generator's (numpy's is microseconds per request)."""
-    return tuple(token_ids(seed, count))
+CACHED_TOKENS: Final = 4096
+"""Streams up to this long are drawn once per (seed, length) and kept (at most 2 MiB in all)."""
+
+
+@lru_cache(maxsize=256)
+def _cached(seed: int, count: int) -> array[int]:
+    return token_array(seed, count)
+
+
+def _tokens(seed: int, count: int) -> Iterable[int]:
+    """The request's tokens: short streams from a cache, because the null engine's own cost must
+    not be a random-number generator's (numpy's is microseconds per request); long ones drawn a
+    block at a time as they are streamed, so that clients asking for 65,536 tokens many times
+    over and never reading pin almost nothing (the attack suite's RSS bound)."""
+    if count <= CACHED_TOKENS:
+        return _cached(seed, count)
+    return chain.from_iterable(token_blocks(seed, count))
 
 
 class NullEngine:
@@ -53,8 +74,9 @@ class NullEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
         if self._closed:
             raise EngineError("engine_down", "engine is closed")
-        ids = list(_stream(request.seed, request.max_tokens))
+        tokens = _tokens(request.seed, request.max_tokens)
         if not self.config.per_token:
+            ids = list(tokens)
             yield TokenChunk(
                 token_ids=ids,
                 text=detokenize(ids),
@@ -66,14 +88,16 @@ class NullEngine:
                 else uniform_logprobs(ids, request.logprobs),
             )
             return
-        async for chunk in self._per_token(request, ids):
+        async for chunk in self._per_token(request, tokens):
             yield chunk
 
-    async def _per_token(self, request: EngineRequest, ids: list[int]) -> AsyncIterator[TokenChunk]:
+    async def _per_token(
+        self, request: EngineRequest, ids: Iterable[int]
+    ) -> AsyncIterator[TokenChunk]:
         """One chunk per token, the first at once and each next one a loop turn (or ``itl_ms``)
         later, as a real engine's steps arrive."""
         pause = self.config.itl_ms / 1000.0
-        last = len(ids) - 1
+        last = request.max_tokens - 1
         top = request.logprobs
         for i, token in enumerate(ids):
             if i:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -53,6 +54,20 @@ def token_array(seed: int, count: int) -> array[int]:
     rng = np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF)
     draw = rng.integers(0, VOCAB_SIZE, size=count, dtype=np.int64).astype(np.uint16)
     return array("H", draw.tobytes())
+
+
+def token_blocks(seed: int, count: int, block: int = 512) -> Iterator[array[int]]:
+    """The stream of :func:`token_ids` drawn ``block`` tokens at a time, so that a long answer
+    never exists whole. The blocks continue the single draw exactly because a power-of-two
+    vocabulary takes one 32-bit word per token with no rejection (numpy's Lemire bound) and an
+    even block uses whole 64-bit words; the tests hold it to :func:`token_ids`."""
+    if block <= 0 or block % 2:
+        raise ValueError(f"block must be even and positive, got {block}")
+    rng = np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF)
+    for start in range(0, count, block):
+        size = min(block, count - start)
+        draw = rng.integers(0, VOCAB_SIZE, size=size, dtype=np.int64).astype(np.uint16)
+        yield array("H", draw.tobytes())
 
 
 def detokenize(ids: list[int]) -> str:
