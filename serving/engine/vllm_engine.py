@@ -65,6 +65,7 @@ class VllmEngineConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     block_size: int | None = None
+    enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool | None = None
     kv_cache_memory_bytes: int | None = None

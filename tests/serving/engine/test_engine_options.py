@@ -114,3 +114,19 @@ def test_the_result_is_clean_and_builds_the_engine() -> None:
 def test_make_engine_refuses_an_unknown_option_with_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="valid options: model_shape"):
         make_engine("sim", num_kv_block=4)
+
+
+@pytest.mark.parametrize("engine", ["sim", "vllm"])
+def test_seed_003s_fixed_shapes_are_options_of_each_engine_fragmentation_runs(engine: str) -> None:
+    """``zl-bench fragmentation --engine vllm`` stood its replica up with the fixed shapes'
+    options and the replica refused ``enable_prefix_caching``: one spelling for both engines,
+    and vLLM's own server gets it as its flag."""
+    from harness.variants import FIXED_SHAPES
+    from serving.engine.vllm_engine import server_flags
+
+    options = FIXED_SHAPES.options({"model": "/m"} if engine == "vllm" else {})
+    assert validate_engine_options(engine, options) == options
+    if engine == "vllm":
+        flags = server_flags(options, on_cpu=False)
+        assert "--no-enable-prefix-caching" in flags
+        assert flags[flags.index("--max-model-len") + 1] == "4096"
