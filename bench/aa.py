@@ -24,6 +24,7 @@ from bench.stack_options import add_stack_arguments, config_from
 from harness import schema
 from harness.runner.config import RunConfig
 from harness.runner.console import say
+from harness.runner.ending import EXIT_STATUS
 from harness.schema.files import write_json_atomic
 from serving.cliargs import positive_int
 
@@ -78,10 +79,20 @@ class AaResult:
         )
 
 
+class _Stopped(Exception):
+    """One of the check's runs was ended by SIGINT or SIGTERM: the check ends with it."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 def _one_run(config: RunConfig, out: Path) -> Path:
     """One run of ``config`` under ``out``; its results directory."""
     out.mkdir(parents=True, exist_ok=True)
-    bench_run.run(replace(config, out=str(out)))
+    status = bench_run.run(replace(config, out=str(out)))
+    if status in EXIT_STATUS.values():
+        raise _Stopped(status)
     runs = [p for p in out.iterdir() if (p / schema.RUN_META).exists()]
     return max(runs, key=lambda p: p.stat().st_mtime)
 
@@ -134,5 +145,10 @@ def run_command(args: argparse.Namespace) -> int:
     from bench.report.compare import check_settings
 
     check_settings(args.threshold, args.confidence)
-    check(config_from(args, tuple(args.profiles)), args.pairs, args.threshold, args.confidence)
+    config = config_from(args, tuple(args.profiles))
+    try:
+        check(config, args.pairs, args.threshold, args.confidence)
+    except _Stopped as stopped:  # what was judged before it is kept in aa.json
+        say("A/A stopped by a signal during a run: the pairs judged so far are kept")
+        return stopped.status
     return 0

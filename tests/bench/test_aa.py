@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,25 @@ def test_the_command_runs_its_pairs_and_writes_aa_json(tmp_path: Path) -> None:
     assert pair["verdict"] in [int(v) for v in Verdict]
     assert Path(pair["a"]).is_dir() and Path(pair["b"]).is_dir() and pair["a"] != pair["b"]
     assert data["summary"] in proc.stdout
+
+
+def test_a_run_stopped_by_a_signal_stops_the_check_with_its_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or SIGTERM) during one of the check's runs stops that run cleanly (it returns
+    130 or 143): the check must stop there too, keep the pairs it judged, and exit with the
+    run's status, not go on to the next run."""
+    calls: list[str] = []
+
+    def stopped_run(config: aa.RunConfig) -> int:
+        calls.append(config.out)
+        (Path(config.out) / "r").mkdir(parents=True)
+        (Path(config.out) / "r" / aa.schema.RUN_META).write_text("{}")
+        return 130
+
+    monkeypatch.setattr(aa.bench_run, "run", stopped_run)
+    parser = argparse.ArgumentParser()
+    aa.add_arguments(parser)
+    args = parser.parse_args(["--pairs", "3", "--stacks", "zerolayer", "--out", str(tmp_path)])
+    assert aa.run_command(args) == 130
+    assert len(calls) == 1, calls
