@@ -25,6 +25,7 @@ from harness.profile import SCALES, Profile
 from harness.runner.config import (
     RunConfig,
     choose_token_rule,
+    cpu_layout,
     fit_engine_to_model,
     load_profiles,
 )
@@ -141,5 +142,6 @@ def run_command(args: argparse.Namespace) -> int:
         out=str(output_dir(args.out)),
         quiet=args.quiet,
         repeats=args.repeats,
+        cpu_layout=cpu_layout(args.engine, args.replicas, None),
     )
     return run(fit_engine_to_model(config))

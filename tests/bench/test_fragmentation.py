@@ -3,12 +3,14 @@ stack (``zl-bench fragmentation``), and the claim judged on its paired trials.""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from bench import fragmentation as frag
 from bench.cli import main as cli_main
 from bench.report import claims, load_run
 from bench.report.claims.fragmentation import NO_COMPARISON, fragmentation
@@ -16,6 +18,7 @@ from bench.report.data import RunData
 from bench.report.verdicts import Status
 from harness import schema
 from harness.profile import load_profile
+from harness.runner.config import RunConfig
 from harness.runner.trials import trial_phase
 from harness.schema import Machine, RunMeta
 from harness.variants import ENGINE_DEFAULTS, FIXED_SHAPES, TRUNCATED
@@ -105,3 +108,25 @@ def test_the_command_runs_paired_interleaved_trials_of_both_configurations(tmp_p
     result = next(c for c in claims.read(run_dir).claims if c.key == "fragmentation")
     assert result.status is not Status.NOT_MEASURED, result.reason
     assert "KV tail waste" in result.measured
+
+
+@pytest.mark.parametrize(("engine", "placed"), [("vllm", True), ("sim", False)])
+def test_the_command_places_vllms_engines_as_run_does(
+    engine: str, placed: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``fragmentation --engine vllm`` printed ``cpu layout: none``: its vLLM engine computed
+    on every core beside the loader. It takes the same automatic split as ``zl-bench run``."""
+    seen: list[RunConfig] = []
+    monkeypatch.setattr(frag, "fit_engine_to_model", lambda config: config)
+    monkeypatch.setattr(frag, "run", lambda config: seen.append(config) or 0)
+    parser = argparse.ArgumentParser()
+    frag.add_arguments(parser)
+    options = ["--engine-option", "model=/m"] if engine == "vllm" else []
+    args = parser.parse_args(
+        ["--engine", engine, *options, "--replicas", "1", "--out", str(tmp_path)]
+    )
+    assert frag.run_command(args) == 0
+    (config,) = seen
+    assert (config.cpu_layout is not None) is placed
+    if placed:
+        assert config.cpu_layout is not None and len(config.cpu_layout.engines) == 1
