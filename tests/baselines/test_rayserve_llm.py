@@ -107,8 +107,10 @@ def test_the_baseline_for_vllm_is_ray_serve_llm(stack: Stack) -> None:
     assert stack.protocol == "http1" and stack.urls == [stack.baseline.url]
     assert stack.body_fields()["model"] == stack.baseline.config.model_id == "tiny"
     roles = {c.role for c in stack.components()}
-    assert roles == {"controller", "proxy", "orchestrator", "engine"}
+    # "ray": the local Ray's GCS, raylet and idle workers, which the layer pays for too
+    assert roles == {"controller", "proxy", "orchestrator", "engine", "ray"}
     pids = stack.pids()  # the LLMServer actor and what it started (vLLM's engine core) are engine
+    assert pids["ray"] and not set(pids["ray"]) & set(pids["engine"] + pids["orchestrator"])
     own = stack.baseline.pids()
     assert pids["orchestrator"] == own["ingress"] + own["router"] and len(own["ingress"]) == 1
     assert len(own["engine"]) == 1 and own["engine_core"]
