@@ -54,6 +54,7 @@ def rapid_reset(ctx: Context) -> Observed:
             conn.pump()
             if conn.tally.goaway:
                 break
+        conn.barrier()
         conn.pump(0.5)
         said = conn.tally.describe(f"{pairs:,} HEADERS+RST_STREAM pairs")
         limits = target.limits
@@ -136,6 +137,7 @@ def _control_flood(ctx: Context, frame: bytes, kind: str) -> Observed:
             conn.pump()
             if conn.tally.goaway:
                 break
+        conn.barrier()
         conn.pump(0.5)
         said = conn.tally.describe(f"{frames:,} {kind} frames")
         limits = target.limits

@@ -28,6 +28,10 @@ from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame, PingFrame, 
 CONNECT_TIMEOUT_S: Final = 5.0
 SEND_TIMEOUT_S: Final = 2.0
 READ_CHUNK: Final = 1 << 16
+BARRIER_PING: Final = b"zlbr"  # and 4 bytes of a count: PING carries 8 (RFC 9113 6.7)
+BARRIER_TIMEOUT_S: Final = 20.0
+"""How long a replica may take to read what an attack sent before answering the barrier's PING;
+a bound for a loaded host (a few MiB of frames), not a figure any replica is held to."""
 Header = tuple[bytes, bytes]
 
 CONFIG: Final = h2.config.H2Configuration(
@@ -70,6 +74,7 @@ class Tally:
     reset_ids: set[int] = field(default_factory=set)
     closed: bool = False
     send_blocked: bool = False
+    pings_acked: set[bytes] = field(default_factory=set)
 
     def describe(self, sent: str) -> str:
         """The replica's answer in words, after ``sent`` (what the attacker did)."""
@@ -222,6 +227,23 @@ class HostileH2:
                 return
             self.pump(min(remaining, 0.1))
 
+    def barrier(self, timeout_s: float = BARRIER_TIMEOUT_S) -> bool:
+        """Send a PING of our own and read until its ACK. The replica reads a connection's
+        frames in order (RFC 9113 section 5.1: frames of a connection are processed in the
+        order received), so its ACK means it has read everything sent before the PING; what it
+        said about those frames (a GOAWAY) comes with the ACK or just after it (section 6.7
+        lets the ACK go first), which a short pump after this reads. A loaded host makes the
+        replica read late, not less: this waits for it rather than judge what it has not read
+        yet. False when no ACK came (the connection ended, or ``timeout_s`` passed)."""
+        if self.tally.goaway or self.tally.closed:
+            return False
+        payload = BARRIER_PING + (self.sent_streams % 2**32).to_bytes(4, "big")
+        self.h2.ping(payload)
+        if not self.flush():
+            return False
+        self.read_until(lambda: payload in self.tally.pings_acked, timeout_s)
+        return payload in self.tally.pings_acked
+
     def wait_answered(self, sids: Sequence[int], timeout_s: float) -> None:
         """Pump until every one of ``sids`` has ended or been reset (or ``timeout_s``)."""
         tally = self.tally
@@ -250,6 +272,8 @@ class HostileH2:
                 tally.ended.add(event.stream_id)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
                 self.settings_seen = True
+            elif isinstance(event, h2.events.PingAckReceived):
+                tally.pings_acked.add(event.ping_data)
             elif isinstance(event, h2.events.DataReceived):
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         return events
