@@ -300,9 +300,17 @@ def test_full_queue_gets_429_queue_full_with_a_retry_hint(port: int) -> None:
 
 
 def test_deadline_mid_stream_ends_with_an_error_event(port: int) -> None:
+    # The deadline must fall after the stream's first event (else the answer is a 504) and
+    # before its 2,000th token: set from how long a one-token stream takes here now (a loaded
+    # host answers later; CI once saw a 504 at a fixed 150 ms).
+    started = time.perf_counter()
+    one = call(port, "/v1/completions", {"prompt": "slow", "max_tokens": 1, "stream": True})
+    one_ms = (time.perf_counter() - started) * 1000
+    assert one.status == 200
+    deadline_ms = round(150 + 2 * one_ms)
     body = {"prompt": "slow", "max_tokens": 2000, "stream": True}
-    reply = call(port, "/v1/completions", body, {"zl-deadline-ms": "150"})
-    assert reply.status == 200
+    reply = call(port, "/v1/completions", body, {"zl-deadline-ms": str(deadline_ms)})
+    assert reply.status == 200, f"a deadline of {deadline_ms} ms; one token took {one_ms:.0f} ms"
     last = reply.events()[-1]
     assert last["error"]["code"] == "deadline_exceeded"
 
