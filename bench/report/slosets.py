@@ -113,9 +113,14 @@ def _has_gpu(run: RunData) -> bool:
 
 
 def judge_objective(
-    run: RunData, objective: Objective, rows: Sequence[SummaryRow], valid: Sequence[SummaryRow]
+    run: RunData,
+    objective: Objective,
+    rows: Sequence[SummaryRow],
+    valid: Sequence[SummaryRow],
+    reference_speed: float | None,
 ) -> ObjectiveResult:
-    """One objective over a stack's trials of a profile (``valid``: those that may decide)."""
+    """One objective over a stack's trials of a profile (``valid``: those that may decide,
+    judged against ``reference_speed``, which the reasons for the others are judged by too)."""
     held = band(objective)
     if objective.needs is Needs.GPU and not _has_gpu(run):
         return ObjectiveResult(objective.text, Interval(), held, Status.NOT_MEASURED, NEEDS_GPU,
@@ -127,7 +132,7 @@ def judge_objective(
         return ObjectiveResult(objective.text, figure, held, Status.NOT_MEASURED, reason,
                                objective.unit)  # fmt: skip
     if figure.n < MIN_TRIALS:
-        problems = [f"trial {r.repeat}: {'; '.join(trial_problems(r, first_speed(rows)))}"
+        problems = [f"trial {r.repeat}: {'; '.join(trial_problems(r, reference_speed))}"
                     for r in rows if r not in valid]  # fmt: skip
         reason = "; ".join([too_few(figure.n), *problems[:3]])
         return ObjectiveResult(objective.text, figure, held, Status.UNDECIDED, reason,
@@ -147,7 +152,7 @@ def judge(run: RunData, slo_set: SloSet, stack: str, profile: str) -> SetResult:
         stack,
         profile,
         len(valid),
-        [judge_objective(run, o, rows, valid) for o in slo_set.objectives],
+        [judge_objective(run, o, rows, valid, reference) for o in slo_set.objectives],
     )
 
 

@@ -104,6 +104,16 @@ def test_each_undecided_reason() -> None:
     assert near[Figure.P99_TTFT_MS].reason == claims.SPANS
 
 
+def test_a_trial_whose_host_speed_moved_says_so() -> None:
+    # The run's first probe (as it started) is the reference; the first trial's own probe is
+    # not: the reason must be judged against the same reference as the trial's validity.
+    run = slo_run([Trial()] * 3)
+    run.summaries[0] = dataclasses.replace(run.summaries[0], host_speed=0.7 * SPEED)
+    got = objectives(run)[Figure.P99_TTFT_MS]
+    assert got.status is Status.UNDECIDED
+    assert "trial 0: host speed moved -30% from the run's first probe" in got.reason
+
+
 def test_the_seed_claim_is_the_zero_layer_stack_against_seed000() -> None:
     held = claims.seed_slos(slo_run([Trial(p99_ttft=100.0 + k) for k in range(3)]))
     assert held.status is Status.HELD and held.trials == 3
