@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from chaoslib.run import RunEventHandler
+
 from baselines.rayserve_llm.standup import READY_PATH as LLM_READY_PATH
 from chaos import refusal
 from chaos.actions import baseline_pids, live_pids, target_role, wait_ready
@@ -43,6 +45,7 @@ from harness.outputs import output_dir
 from harness.profile import SCALES, ChaosSettings, Profile, load_profile
 from harness.promptfit import context_length, fit_profiles
 from harness.runner.cluster import check_cluster_options, on_cluster
+from harness.runner.ending import Stopped
 from harness.runner.sampling import phase
 from harness.schema import CHAOS_DIR, from_data, read_requests, requests_file, to_data
 from harness.stacks import (
@@ -222,6 +225,31 @@ def pressure_figures(
     )
 
 
+INTERRUPTED: Final = "interrupted"
+"""A journal's status when a signal stopped the experiment (Chaos Toolkit catches the
+KeyboardInterrupt, plays the rollbacks and returns)."""
+
+
+class Interrupted(Stopped):
+    """A signal stopped an experiment: the run stops there, with the experiment's row
+    (``row``) as measured up to then."""
+
+    def __init__(self, row: Recovery, terminated: bool) -> None:
+        super().__init__(f"{row.stack} / {row.experiment}: interrupted", terminated)
+        self.row = row
+
+
+class SignalSeen(RunEventHandler):
+    """Which signal Chaos Toolkit caught: SIGTERM comes as its ``interrupted`` event (its own
+    handler raises InterruptExecution), SIGINT as ``signal_exit`` (a KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.terminated = False
+
+    def interrupted(self, experiment: Any, journal: Any) -> None:
+        self.terminated = True
+
+
 def run_one(
     path: Path,
     stack: str,
@@ -251,7 +279,8 @@ def run_one(
     experiment["configuration"] = {**experiment.get("configuration", {}), **conf}
     ensure_experiment_is_valid(experiment)
     speed = cpu_speed()
-    journal = run_experiment(experiment, settings=SETTINGS)
+    seen = SignalSeen()
+    journal = run_experiment(experiment, settings=SETTINGS, event_handlers=[seen])
     journal_path = chaos_dir / f"{stack}-{name}{trial_suffix(trial)}.journal.json"
     journal_path.write_text(json.dumps(journal, indent=2, default=str))
     target = read_target(target_file)
@@ -267,6 +296,8 @@ def run_one(
     )
     row.trial, row.host_speed = trial, round(speed)
     row.refusal = pressure_figures(journal, conf["refusals_path"], target)
+    if journal.get("status") == INTERRUPTED:
+        raise Interrupted(row, seen.terminated)
     return row
 
 
@@ -395,19 +426,32 @@ def run_profile_d(
     )
     for line in skipped:
         print(f"{stack.name} / {profile.name}: {line}", flush=True)
-    with fault_target(stack, chaos_dir) as target_file:
-        for path in paths:
-            with phase(phases, name, **tags, experiment=path.stem):
-                row = run_one(path, stack.name, profile, target_file, chaos_dir, tokens, trial)
-                rows.append(row)
-                adopt_restarted(stack, target_file)
-                wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
-    table_path = chaos_dir / f"recovery-{stack.name}.json"
+    try:
+        with fault_target(stack, chaos_dir) as target_file:
+            for path in paths:
+                with phase(phases, name, **tags, experiment=path.stem):
+                    try:
+                        row = run_one(
+                            path, stack.name, profile, target_file, chaos_dir, tokens, trial
+                        )
+                    except Interrupted as stop:
+                        rows.append(stop.row)
+                        raise
+                    rows.append(row)
+                    adopt_restarted(stack, target_file)
+                    wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
+    finally:
+        _keep_rows(chaos_dir / f"recovery-{stack.name}.json", rows, trial)
+    return rows
+
+
+def _keep_rows(table_path: Path, rows: Sequence[Recovery], trial: int) -> None:
+    """Add ``rows`` to the stack's recovery table (trial 0 starts it afresh); also when a
+    signal stopped the trial, so that what it measured is kept."""
     kept = []
     if trial and table_path.exists():
         kept = from_data(list[Recovery], json.loads(table_path.read_text()))
     table_path.write_text(json.dumps(to_data([*kept, *rows]), indent=2))
-    return rows
 
 
 def table(rows: Sequence[Recovery]) -> str:

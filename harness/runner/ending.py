@@ -17,6 +17,16 @@ EXIT_TERMINATED: Final = 143
 EXIT_STATUS: Final = {RunEnd.SIGINT: EXIT_INTERRUPTED, RunEnd.SIGTERM: EXIT_TERMINATED}
 
 
+class Stopped(KeyboardInterrupt):
+    """A signal a library caught on its way and returned from (Chaos Toolkit does, mid-
+    experiment), raised again so that the run stops as at a signal anywhere else;
+    ``terminated`` when it was SIGTERM, which that library's own handler took."""
+
+    def __init__(self, message: str, terminated: bool) -> None:
+        super().__init__(message)
+        self.terminated = terminated
+
+
 @dataclass
 class Ending:
     """How the block under ``until_stopped`` ended."""
@@ -74,8 +84,9 @@ def until_stopped(run: RunDir) -> Iterator[Ending]:
         with stop_signals(terminated):
             yield ending
         run.finish(RunEnd.COMPLETE)
-    except KeyboardInterrupt:
-        ending.end = RunEnd.SIGTERM if terminated else RunEnd.SIGINT
+    except KeyboardInterrupt as exc:
+        by_sigterm = bool(terminated) or (isinstance(exc, Stopped) and exc.terminated)
+        ending.end = RunEnd.SIGTERM if by_sigterm else RunEnd.SIGINT
         run.finish(ending.end, ending.detail)
     except BaseException as exc:
         run.finish(RunEnd.ERROR, f"{type(exc).__name__}: {exc}")

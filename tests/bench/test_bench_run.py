@@ -176,6 +176,53 @@ def test_a_signal_mid_profile_leaves_a_renderable_incomplete_run_and_no_process(
     assert "Incomplete run" in (run / schema.REPORT).read_text()
 
 
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=("int", "term")
+)
+def test_a_signal_mid_experiment_stops_profile_d_there(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """Chaos Toolkit catches the KeyboardInterrupt a signal raises mid-experiment (the journal
+    says ``interrupted``) and returns: the run must stop there, the experiment's row and the
+    rows before it kept, not go on to the next experiment (it did, for minutes a repeat)."""
+    proc = subprocess.Popen(
+        [
+            *(*BENCH, "--scale", "smoke", "--profiles", "d", "--stacks", "zerolayer"),
+            *("--experiments", "delay-one-replica,pause-engine-replica", "--repeats", "1"),
+            *("--out", str(tmp_path)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        records: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            records = list(tmp_path.glob("*/chaos/requests-zerolayer-d_fault-delay-one-*.jsonl"))
+            if records and records[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        assert records and records[0].stat().st_size > 0, "the first experiment sent no load"
+        started = descendants(proc.pid)
+        os.kill(proc.pid, signum)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, out[-3000:]
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
+    chaos = _run_dir(tmp_path) / schema.CHAOS_DIR
+    assert not list(chaos.glob("*pause-engine-replica*")), "the run went on to the next one"
+    journal = orjson.loads((chaos / "zerolayer-delay-one-replica.journal.json").read_bytes())
+    assert journal["status"] == "interrupted"
+    rows = orjson.loads((chaos / "recovery-zerolayer.json").read_bytes())
+    assert [r["experiment"] for r in rows] == ["delay-one-replica"]
+
+
 def test_a_summary_row_carries_what_the_loader_knows(tmp_path: Path) -> None:
     record = schema.RequestRecord("r0", "zerolayer", "a_latency", "k6", 0, 1, 2, 5, 9)
     record.outcome = "completed"
