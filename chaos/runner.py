@@ -142,14 +142,17 @@ def kv_prompt_tokens(spec: StackSpec, settings: ChaosSettings) -> int:
     """Prompt tokens per KV-pressure request: their prompts alone ask for ``kv_fill`` times one
     replica's KV cache over ``kv_requests`` requests, from the engine's own KV size (the same on
     both stacks), so that the cache fills as the requests arrive, not later as they decode;
-    capped so that prompt and output fit the engine's context length; the profile's fixed
-    figure when the KV size is unknown."""
+    the profile's fixed figure when the KV size is unknown; capped either way so that prompt
+    and output fit the engine's context (``max_model_len``, else the model's own)."""
     tokens = kv_tokens(spec.engine, spec.engine_options)
     if tokens is None:
-        return settings.kv_prompt_tokens
-    per_request = math.ceil(settings.kv_fill * tokens / settings.kv_requests)
-    max_len = int(spec.engine_options.get("max_model_len", 131_072))
-    return max(1, min(per_request, max_len - settings.kv_max_tokens))
+        wanted = settings.kv_prompt_tokens
+    else:
+        wanted = math.ceil(settings.kv_fill * tokens / settings.kv_requests)
+    context = context_length(spec.engine_options)
+    if context is None:
+        return wanted
+    return max(1, min(wanted, context - settings.kv_max_tokens))
 
 
 def configuration(

@@ -337,6 +337,19 @@ def test_kv_pressure_is_sized_from_the_engine_kv_cache_alike_on_both_stacks() ->
     assert kv_prompt_tokens(unknown, sc) == sc.kv_prompt_tokens
 
 
+def test_kv_pressure_prompts_fit_the_models_own_context(tmp_path: Path) -> None:
+    # vLLM's KV size is not modelled, so the profile's figure is asked: it must still fit a
+    # model of 2,048 positions (every KV-pressure request was refused prompt_too_long).
+    sc = chaos_settings(load_profile("d_fault", "smoke"))
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 2048}
+    (model / "config.json").write_bytes(orjson.dumps({**config, "vocab_size": 512}))
+    spec = StackSpec(StackName.ZEROLAYER, "vllm", {"model": str(model)}, 1)
+    assert sc.kv_prompt_tokens + sc.kv_max_tokens > 2048, "the profile asks for more"
+    assert kv_prompt_tokens(spec, sc) == 2048 - sc.kv_max_tokens
+
+
 def test_chaos_refuses_an_external_stack_and_a_profile_without_chaos(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no \\[chaos\\] settings"):
         chaos_settings(load_profile("a_latency", "smoke"))
