@@ -77,7 +77,11 @@ def test_zero_layer_sdk_follows_its_discovery_file(zerolayer: Setup, out_dir: Pa
     assert all(r.replica in (*stack.urls, row.joined) for r in records if r.replica)
     # consistent hashing: a session changes replica only to the joiner or off the leaver
     assert needless_moves(row)[0] == 0
-    assert row.join_moves.with_change > 0
+    # Each session seen across the join moved to the joiner or stayed; whether any moved is
+    # chance (about a third each, on a ring of three with a random port for the joiner: CI saw
+    # 4 sessions all stay), so the joiner's own requests above show it took load.
+    moves = row.join_moves
+    assert moves.kept + moves.with_change == moves.seen > 0
     assert row.errors_join == row.errors_leave == 0  # withdrawn before it was stopped
     assert all(r.alive() for r in stack.replicas) and len(stack.replicas) == 2
 
