@@ -128,6 +128,18 @@ def _start_one_profile(out: Path) -> subprocess.Popen[str]:
     )
 
 
+def _first_records(proc: subprocess.Popen[str], out: Path, pattern: str) -> bool:
+    """Wait (up to 120 s, while ``proc`` runs) until a file matching ``pattern`` under ``out``
+    holds a record; whether one did."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(out.glob(pattern))
+        if found and found[0].stat().st_size > 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.parametrize(
     ("signum", "status", "reason"),
     [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")],
@@ -139,14 +151,9 @@ def test_a_signal_mid_profile_leaves_a_renderable_incomplete_run_and_no_process(
     measured is lost; also where SIGINT was inherited ignored, as a shell starts background jobs."""
     proc = _start_one_profile(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        records: list[Path] = []
-        while time.monotonic() < deadline and proc.poll() is None:
-            records = list(tmp_path.glob("*/requests-zerolayer-a_latency.jsonl"))
-            if records and records[0].stat().st_size > 0:
-                break
-            time.sleep(0.2)
-        assert records and records[0].stat().st_size > 0, "no request was recorded"
+        assert _first_records(proc, tmp_path, "*/requests-zerolayer-a_latency.jsonl"), (
+            "no request was recorded"
+        )
         time.sleep(1.0)
         started = descendants(proc.pid)
         assert started, "the run started its replica"
@@ -197,14 +204,8 @@ def test_a_signal_mid_experiment_stops_profile_d_there(
         preexec_fn=_ignore_sigint,
     )
     try:
-        deadline = time.monotonic() + 120
-        records: list[Path] = []
-        while time.monotonic() < deadline and proc.poll() is None:
-            records = list(tmp_path.glob("*/chaos/requests-zerolayer-d_fault-delay-one-*.jsonl"))
-            if records and records[0].stat().st_size > 0:
-                break
-            time.sleep(0.2)
-        assert records and records[0].stat().st_size > 0, "the first experiment sent no load"
+        pattern = "*/chaos/requests-zerolayer-d_fault-delay-one-*.jsonl"
+        assert _first_records(proc, tmp_path, pattern), "the first experiment sent no load"
         started = descendants(proc.pid)
         os.kill(proc.pid, signum)
         out, _ = proc.communicate(timeout=120)
