@@ -51,6 +51,7 @@ from harness.stacks.clients import client_for
 from harness.stacks.registry import stack_kind
 from harness.stacks.spec import StackName
 from harness.stacks.stack import Fault, Restore
+from serving.wire.tokens import BYTES_PER_TOKEN
 from zerolayer.client.sdk import split_url
 
 if TYPE_CHECKING:
@@ -364,6 +365,7 @@ class _Pressure:
 
     requests: int
     prompt_tokens: int
+    prompt_bytes: int
     max_tokens: int
     hold_s: float
     ramp_s: float
@@ -404,12 +406,11 @@ async def _pressure(
     target: Target, index: int, pressure: _Pressure
 ) -> tuple[dict[str, Any], list[RequestRecord]]:
     from harness.workload import make_prompt
-    from serving.wire.tokens import BYTES_PER_TOKEN
 
     session = f"kv-pressure-{index}"
     url, client = _pressure_client(target, index)
     gap_s = pressure.ramp_s / max(1, pressure.requests)
-    prompts = [make_prompt(f"{session}-{i}", pressure.prompt_tokens * BYTES_PER_TOKEN)
+    prompts = [make_prompt(f"{session}-{i}", pressure.prompt_bytes)
                for i in range(pressure.requests)]  # fmt: skip
     done: list[RequestRecord] = []
     async with client:
@@ -439,10 +440,13 @@ def kv_pressure(
     hold_s: float = 5.0,
     ramp_s: float = 1.0,
     deadline_ms: int = 30_000,
+    prompt_bytes: int | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Rising KV pressure: ``requests`` long requests of one shape pinned to one replica, sent
-    one after another over ``ramp_s``, held for ``hold_s`` from the first, then cut.
+    one after another over ``ramp_s``, held for ``hold_s`` from the first, then cut. Each
+    prompt is ``prompt_bytes`` long: the bytes the engine's token rule counts as
+    ``prompt_tokens`` (``chaos.runner.kv_prompt``); four a token when not given.
 
     Zero-layer: straight to the ``index``-th replica (no retries elsewhere). Baseline: through
     the front door with one session, which the consistent-hash router keeps on one replica.
@@ -450,7 +454,8 @@ def kv_pressure(
     record goes to ``configuration["refusals_path"]`` when set (``chaos.refusal`` reads it).
     """
     target = load_target(configuration)
-    pressure = _Pressure(requests, prompt_tokens, max_tokens, hold_s, ramp_s, deadline_ms)
+    size = prompt_tokens * BYTES_PER_TOKEN if prompt_bytes is None else prompt_bytes
+    pressure = _Pressure(requests, prompt_tokens, size, max_tokens, hold_s, ramp_s, deadline_ms)
     t_ns = _now_ns()
     result, records = asyncio.run(_pressure(target, index, pressure))
     end_ns = _now_ns()

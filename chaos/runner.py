@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -36,9 +35,9 @@ from baselines.rayserve_llm.standup import READY_PATH as LLM_READY_PATH
 from chaos import refusal
 from chaos.actions import baseline_pids, live_pids, target_role, wait_ready
 from chaos.netproxy import NetProxy
+from chaos.pressure import KvPrompt, kv_prompt
 from chaos.recovery import Recovery, absent_row, compute_from_files, judged, method_actions
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
-from harness.capacity import kv_tokens
 from harness.cluster import current as cluster_session
 from harness.errors import UsageError
 from harness.outputs import output_dir
@@ -138,30 +137,13 @@ def for_engine(settings: ChaosSettings, engine: str) -> ChaosSettings:
     return dataclasses.replace(settings, recover_timeout_s=start_s)
 
 
-def kv_prompt_tokens(spec: StackSpec, settings: ChaosSettings) -> int:
-    """Prompt tokens per KV-pressure request: their prompts alone ask for ``kv_fill`` times one
-    replica's KV cache over ``kv_requests`` requests, from the engine's own KV size (the same on
-    both stacks), so that the cache fills as the requests arrive, not later as they decode;
-    the profile's fixed figure when the KV size is unknown; capped either way so that prompt
-    and output fit the engine's context (``max_model_len``, else the model's own)."""
-    tokens = kv_tokens(spec.engine, spec.engine_options)
-    if tokens is None:
-        wanted = settings.kv_prompt_tokens
-    else:
-        wanted = math.ceil(settings.kv_fill * tokens / settings.kv_requests)
-    context = context_length(spec.engine_options)
-    if context is None:
-        return wanted
-    return max(1, min(wanted, context - settings.kv_max_tokens))
-
-
 def configuration(
     stack: str,
     name: str,
     profile: Profile,
     target_file: Path,
     chaos_dir: Path,
-    prompt_tokens: int,
+    prompt: KvPrompt,
     trial: int = 0,
 ) -> dict[str, Any]:
     """The Chaos Toolkit configuration one experiment runs with (see ``chaos.controls``); trial
@@ -192,7 +174,8 @@ def configuration(
         "kv_hold_s": sc.kv_hold_s,
         "kv_ramp_s": sc.kv_ramp_s,
         "kv_requests": sc.kv_requests,
-        "kv_prompt_tokens": prompt_tokens,
+        "kv_prompt_tokens": prompt.tokens,
+        "kv_prompt_bytes": prompt.prompt_bytes,
         "kv_max_tokens": sc.kv_max_tokens,
         "health_interval_s": sc.health_interval_s,
         "health_timeout_s": sc.health_timeout_s,
@@ -259,7 +242,7 @@ def run_one(
     profile: Profile,
     target_file: Path,
     chaos_dir: Path,
-    prompt_tokens: int | None = None,
+    prompt: KvPrompt,
     trial: int = 0,
 ) -> Recovery:
     """Run one experiment file against the stack in ``target_file`` as trial ``trial``; write
@@ -269,8 +252,7 @@ def run_one(
 
     name = path.stem
     sc = chaos_settings(profile)
-    tokens = sc.kv_prompt_tokens if prompt_tokens is None else prompt_tokens
-    conf = configuration(stack, name, profile, target_file, chaos_dir, tokens, trial)
+    conf = configuration(stack, name, profile, target_file, chaos_dir, prompt, trial)
     for key in ("requests_path", "refusals_path", "telemetry_path", "phases_path",
                 "sdk_health_path"):  # fmt: skip
         Path(conf[key]).unlink(missing_ok=True)
@@ -420,7 +402,7 @@ def run_profile_d(
     profile = dataclasses.replace(profile, chaos=sc)
     chaos_dir = Path(run_dir) / CHAOS_DIR
     chaos_dir.mkdir(parents=True, exist_ok=True)
-    tokens = kv_prompt_tokens(stack.spec, sc)
+    prompt = kv_prompt(stack.spec, sc)
     rows = []
     name = f"{stack.name}/{profile.name}" + (f"#{trial}" if trial else "")
     tags = {"stack": stack.name.value, "profile": profile.name, "repeat": trial}
@@ -435,7 +417,7 @@ def run_profile_d(
                 with phase(phases, name, **tags, experiment=path.stem):
                     try:
                         row = run_one(
-                            path, stack.name, profile, target_file, chaos_dir, tokens, trial
+                            path, stack.name, profile, target_file, chaos_dir, prompt, trial
                         )
                     except Interrupted as stop:
                         rows.append(stop.row)

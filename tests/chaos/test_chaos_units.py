@@ -16,17 +16,25 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chaos import actions, netproxy, probes, recovery
 from chaos.controls import StoppableSchedule, engine_source
-from chaos.runner import add_arguments, chaos_settings, fault_target, kv_prompt_tokens, run_command
+from chaos.pressure import kv_prompt
+from chaos.runner import add_arguments, chaos_settings, fault_target, run_command
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
 from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import load_profile
+from harness.promptfit import target_tokens
 from harness.schema import RequestRecord, to_data
 from harness.stacks import StackName, StackSpec, stack_kind, stand_up
+from harness.workload import make_prompt
+from serving.engine.tokenrules import BYTES_RULE
+from serving.wire.tokens import BYTES_PER_TOKEN
 from tests.support.httpserver import answering_url
+from tests.support.models import BpeLikeRule
 
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS
@@ -324,17 +332,18 @@ def test_kv_pressure_is_sized_from_the_engine_kv_cache_alike_on_both_stacks() ->
         zl, bl = (
             StackSpec(name, "sim", options, 3) for name in (StackName.ZEROLAYER, StackName.BASELINE)
         )
-        prompt = kv_prompt_tokens(zl, sc)
-        assert prompt == kv_prompt_tokens(bl, sc), "both stacks get the same pressure"
+        prompt = kv_prompt(zl, sc, BYTES_RULE)
+        assert prompt == kv_prompt(bl, sc, BYTES_RULE), "both stacks get the same pressure"
+        assert prompt.prompt_bytes == prompt.tokens * BYTES_PER_TOKEN
         kv = kv_tokens("sim", options)
         assert kv is not None
-        asked = sc.kv_requests * prompt  # the prompts alone: the cache fills as they arrive
-        if prompt + sc.kv_max_tokens < 131_072:  # not capped by the context length
+        asked = sc.kv_requests * prompt.tokens  # the prompts alone: the cache fills as they arrive
+        if prompt.tokens + sc.kv_max_tokens < 131_072:  # not capped by the context length
             assert kv * sc.kv_fill <= asked < kv * sc.kv_fill + sc.kv_requests
     capped = StackSpec(StackName.ZEROLAYER, "sim", {"max_model_len": 4096}, 2)
-    assert kv_prompt_tokens(capped, sc) == 4096 - sc.kv_max_tokens
+    assert kv_prompt(capped, sc, BYTES_RULE).tokens == target_tokens(10**6, sc.kv_max_tokens, 4096)
     unknown = StackSpec(StackName.ZEROLAYER, "torch", {}, 2)
-    assert kv_prompt_tokens(unknown, sc) == sc.kv_prompt_tokens
+    assert kv_prompt(unknown, sc, BYTES_RULE).tokens == sc.kv_prompt_tokens
 
 
 def test_kv_pressure_prompts_fit_the_models_own_context(tmp_path: Path) -> None:
@@ -347,7 +356,27 @@ def test_kv_pressure_prompts_fit_the_models_own_context(tmp_path: Path) -> None:
     (model / "config.json").write_bytes(orjson.dumps({**config, "vocab_size": 512}))
     spec = StackSpec(StackName.ZEROLAYER, "vllm", {"model": str(model)}, 1)
     assert sc.kv_prompt_tokens + sc.kv_max_tokens > 2048, "the profile asks for more"
-    assert kv_prompt_tokens(spec, sc) == 2048 - sc.kv_max_tokens
+    tokens = kv_prompt(spec, sc, BYTES_RULE).tokens
+    assert tokens == target_tokens(sc.kv_prompt_tokens, sc.kv_max_tokens, 2048) < 2048 - 1024
+    tight = StackSpec(StackName.ZEROLAYER, "vllm", {"max_model_len": sc.kv_max_tokens}, 1)
+    assert kv_prompt(tight, sc, BYTES_RULE).tokens == 1, "no room: each request is refused"
+
+
+@settings(max_examples=40, deadline=None)
+@given(context=st.integers(min_value=1100, max_value=8192), head=st.integers(0, 999))
+def test_kv_pressure_prompts_fit_the_context_under_the_engines_tokenizer(
+    context: int, head: int
+) -> None:
+    """Under a tokenizer of fewer bytes a token than the wire's four, the pressure's prompts are
+    sized in its tokens: at four bytes a token a 2,048-position model refused every one of them
+    prompt_too_long, as the action builds them."""
+    sc = chaos_settings(load_profile("d_fault", "smoke"))
+    rule = BpeLikeRule()
+    spec = StackSpec(StackName.ZEROLAYER, "vllm", {"max_model_len": context}, 1)
+    prompt = kv_prompt(spec, sc, rule)
+    text = make_prompt(f"kv-pressure-1-{head}", prompt.prompt_bytes)
+    assert prompt.tokens + sc.kv_max_tokens <= context
+    assert abs(rule.count(text) - prompt.tokens) <= 1  # as a profile's classes are fitted
 
 
 def test_chaos_refuses_an_external_stack_and_a_profile_without_chaos(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from chaos import probes, runner
+from chaos import pressure, probes, runner
 from chaos.actions import wait_ready
 from chaos.recovery import Recovery
 from harness.profile import Profile, load_profile
@@ -67,8 +67,8 @@ def run_and_check(
     chaos_dir = out_dir / "chaos"
     chaos_dir.mkdir(parents=True, exist_ok=True)
     path = runner.EXPERIMENT_DIR / f"{name}.json"
-    tokens = runner.kv_prompt_tokens(stack.spec, runner.chaos_settings(profile))
-    row = runner.run_one(path, stack.name, profile, target_file, chaos_dir, tokens)
+    prompt = pressure.kv_prompt(stack.spec, runner.chaos_settings(profile))
+    row = runner.run_one(path, stack.name, profile, target_file, chaos_dir, prompt)
     runner.adopt_restarted(stack, target_file)
     conf = {"target_file": str(target_file)}
     if row.absent:  # nothing to act on: not run, and said so

@@ -19,3 +19,15 @@ def write_short_model(folder: Path) -> Path:
         vocab_size=SHORT_MODEL_VOCAB, max_position_embeddings=SHORT_MODEL_CONTEXT, seed=3
     )
     return write_tiny_model(folder, spec)
+
+
+class BpeLikeRule:
+    """A stand-in tokenizer at 1.32 bytes a token, like the tiny model's BPE."""
+
+    name = "tokenizer:bpe-like"
+
+    def count(self, text: str) -> int:
+        return max(1, round(len(text) / 1.32))
+
+    def text(self, tokens: int, seed: int) -> str:
+        return "x" * round(tokens * 1.32)

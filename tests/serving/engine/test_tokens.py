@@ -34,6 +34,7 @@ from harness.runner.results import RunDir
 from serving.engine import engine_kind
 from serving.engine.tokenrules import BYTES_RULE, TokenizerRule, TokenRule
 from serving.wire.tokens import BYTES_PER_TOKEN
+from tests.support.models import BpeLikeRule
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # The real tokenizer's tests are marked ``vllm``: they run in ``nox -s vllm``, where it is.
@@ -138,18 +139,6 @@ def test_scaled_bytes_follow_the_samples_bytes_per_token() -> None:
     assert scaled_bytes(1, 10, 100) == 1
     with pytest.raises(ValueError):
         scaled_bytes(10, 0, 5)
-
-
-class BpeLikeRule:
-    """A stand-in tokenizer at 1.32 bytes a token, like the tiny model's BPE."""
-
-    name = "tokenizer:bpe-like"
-
-    def count(self, text: str) -> int:
-        return max(1, round(len(text) / 1.32))
-
-    def text(self, tokens: int, seed: int) -> str:
-        return "x" * round(tokens * 1.32)
 
 
 def test_fitting_gives_each_class_its_token_count_and_clamps_only_the_large() -> None:
@@ -262,6 +251,28 @@ def test_synthetic_prompts_keep_their_class_token_counts_under_a_tokenizer(
         assert abs(counted - wanted[request.request_class]) <= 0.02 * wanted[request.request_class]
         assert len(request.prompt().encode()) < 0.5 * BYTES_PER_TOKEN * counted
     assert [r.prompt_tokens for r in requests] == [tiny_rule.count(r.prompt()) for r in requests]
+
+
+@pytest.mark.vllm
+def test_kv_pressure_prompts_fit_the_context_under_the_models_tokenizer(
+    tiny_model: Path, tiny_rule: TokenizerRule
+) -> None:
+    """Profile D's KV-pressure prompts, as its action builds them, come within 2 % of their
+    tokens under the model's own tokenizer and leave the output room in a 2,048-token context
+    (at four bytes a token they were three times as long and every one was refused)."""
+    from chaos.pressure import kv_prompt
+    from chaos.runner import chaos_settings
+    from harness.stacks import StackName, StackSpec
+    from harness.workload import make_prompt
+
+    sc = chaos_settings(load_profile("d_fault", "smoke"))
+    options = {"model": str(tiny_model), "max_model_len": 2048}
+    prompt = kv_prompt(StackSpec(StackName.ZEROLAYER, "vllm", options, 1), sc)
+    assert prompt.tokens + sc.kv_max_tokens <= 2048
+    for i in range(sc.kv_requests):
+        counted = tiny_rule.count(make_prompt(f"kv-pressure-1-{i}", prompt.prompt_bytes))
+        assert abs(counted - prompt.tokens) <= 0.02 * prompt.tokens, i
+        assert counted + sc.kv_max_tokens <= 2048, i
 
 
 @pytest.mark.vllm
