@@ -446,7 +446,7 @@ def kv_pressure(
     """Rising KV pressure: ``requests`` long requests of one shape pinned to one replica, sent
     one after another over ``ramp_s``, held for ``hold_s`` from the first, then cut. Each
     prompt is ``prompt_bytes`` long: the bytes the engine's token rule counts as
-    ``prompt_tokens`` (``chaos.runner.kv_prompt``); four a token when not given.
+    ``prompt_tokens`` (``chaos.pressure.kv_prompt``); four a token when not given.
 
     Zero-layer: straight to the ``index``-th replica (no retries elsewhere). Baseline: through
     the front door with one session, which the consistent-hash router keeps on one replica.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from harness.capacity import kv_tokens
+from harness.capacity import context_tokens, kv_tokens
 from harness.profile import ChaosSettings
-from harness.promptfit import context_length, fitted_bytes, target_tokens
+from harness.promptfit import fitted_bytes, target_tokens
 from harness.stacks import StackSpec
 from serving.engine import engine_kind
 from serving.engine.tokenrules import BYTES_RULE, TokenRule
@@ -31,8 +31,9 @@ def kv_prompt(spec: StackSpec, settings: ChaosSettings, rule: TokenRule | None =
     cache over ``kv_requests`` requests, from the engine's own KV size (the same on both
     stacks), so that the cache fills as the requests arrive, not later as they decode; the
     profile's fixed figure when the KV size is unknown. Either way it is clamped, as a profile's
-    classes are, so that prompt and output fit the engine's context (``max_model_len``, else
-    the model's own), and sized in bytes under ``rule`` (default: the engine's token rule)."""
+    classes are, so that prompt and output fit the engine's context
+    (``harness.capacity.context_tokens``), and sized in bytes under ``rule`` (default: the
+    engine's token rule)."""
     if rule is None:
         rule = engine_kind(spec.engine).token_rule(spec.engine_options)
     tokens = kv_tokens(spec.engine, spec.engine_options)
@@ -40,7 +41,7 @@ def kv_prompt(spec: StackSpec, settings: ChaosSettings, rule: TokenRule | None =
         wanted = settings.kv_prompt_tokens
     else:
         wanted = math.ceil(settings.kv_fill * tokens / settings.kv_requests)
-    context = context_length(spec.engine_options)
+    context = context_tokens(spec.engine, spec.engine_options)
     if context is not None and context <= settings.kv_max_tokens:
         wanted = 1  # no room for a prompt: the engine refuses each, which the trial records
     else:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 from harness.profile import Profile, RequestClass
+from harness.promptfit import context_length
 from serving.engine.kinds import engine_kind
 from serving.engine.stepmodel import ModelledEngine, StepTimeModel
 
@@ -171,6 +172,16 @@ def kv_tokens(engine: str, engine_options: Mapping[str, Any]) -> int | None:
     engine's)."""
     modelled = engine_kind(engine).modelled_engine
     return modelled(engine_options).kv_tokens if modelled is not None else None
+
+
+def context_tokens(engine: str, engine_options: Mapping[str, Any]) -> int | None:
+    """One replica's context in tokens: a modelled engine's own ``max_model_len`` (its default
+    where the options leave it out), else the options' or the model directory's
+    (``harness.promptfit.context_length``); None where neither says."""
+    modelled = engine_kind(engine).modelled_engine
+    if modelled is not None:
+        return modelled(engine_options).max_model_len
+    return context_length(engine_options)
 
 
 def preflight(

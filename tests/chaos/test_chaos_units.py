@@ -344,6 +344,9 @@ def test_kv_pressure_is_sized_from_the_engine_kv_cache_alike_on_both_stacks() ->
     assert kv_prompt(capped, sc, BYTES_RULE).tokens == target_tokens(10**6, sc.kv_max_tokens, 4096)
     unknown = StackSpec(StackName.ZEROLAYER, "torch", {}, 2)
     assert kv_prompt(unknown, sc, BYTES_RULE).tokens == sc.kv_prompt_tokens
+    # A cache larger than the sim's own default context (131,072): capped to that context.
+    big = StackSpec(StackName.ZEROLAYER, "sim", {"num_kv_blocks": 10**6}, 2)
+    assert kv_prompt(big, sc, BYTES_RULE).tokens + sc.kv_max_tokens <= 131_072
 
 
 def test_kv_pressure_prompts_fit_the_models_own_context(tmp_path: Path) -> None:
