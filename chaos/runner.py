@@ -70,6 +70,8 @@ NEEDS_NODES: Final = "needs-cluster-nodes"
 # How long an engine may take to start again after its replica is killed, where longer than
 # the scales' recovery bounds (the stand-up's own bound for it).
 ENGINE_START_S: Final = {"vllm": VLLM_READY_TIMEOUT_S}
+RECOVERY_PER_STAND_UP: Final = 4.0
+"""How many of a stack's stand-up times the recovery from a fault may take (:func:`for_host`)."""
 
 
 def experiment_paths(names: Sequence[str] | None = None) -> list[Path]:
@@ -135,6 +137,21 @@ def for_engine(settings: ChaosSettings, engine: str) -> ChaosSettings:
     if start_s is None or settings.recover_timeout_s >= start_s:
         return settings
     return dataclasses.replace(settings, recover_timeout_s=start_s)
+
+
+def for_host(settings: ChaosSettings, stand_up_s: float | None) -> ChaosSettings:
+    """The settings, with recovery bounded by no less than :data:`RECOVERY_PER_STAND_UP` times
+    the stack took to stand up on this host (``stand_up_s``, its metadata's). Recovering (Serve
+    replacing an actor, a replica restarting) is a part of standing up, done at the pace the
+    host starts processes at now, and a host loaded by other work starts them slower than the
+    one the scale was sized on (CI saw the baseline not whole 15 s after a kill on a busy
+    machine). The wait still ends as soon as the stack is whole; only its cap grows."""
+    if stand_up_s is None:
+        return settings
+    bound_s = round(RECOVERY_PER_STAND_UP * stand_up_s, 1)
+    if settings.recover_timeout_s >= bound_s:
+        return settings
+    return dataclasses.replace(settings, recover_timeout_s=bound_s)
 
 
 def configuration(
@@ -399,6 +416,7 @@ def run_profile_d(
     ``recovery-<stack>.json``).
     """
     sc = for_engine(chaos_settings(profile), stack.spec.engine)
+    sc = for_host(sc, stack.metadata.get("stand_up_s"))
     profile = dataclasses.replace(profile, chaos=sc)
     chaos_dir = Path(run_dir) / CHAOS_DIR
     chaos_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Final
 
@@ -65,14 +66,19 @@ def stand_up(spec: StackSpec, workdir: Path) -> Stack:
     Logs, the TLS certificate and the baseline's engine stats go under ``workdir``. Raises
     ValueError for a spec :func:`check_spec` refuses (vllm-serve needs ``engine="vllm"``), and
     ``StartFailed`` naming the stack, its part, the reason and the log for a part that exited
-    (or never answered) at start.
+    (or never answered) at start. How long it took goes into its metadata as ``stand_up_s``: the
+    host's pace at starting this stack's parts, which bounds how long they may take to come back
+    after a fault (``chaos.runner.for_host``).
     """
     check_spec(spec)
     kind = kind_for(spec)
     if not spec.urls:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     try:
-        return kind.stand_up(spec, workdir)
+        stack = kind.stand_up(spec, workdir)
     except StartFailed as exc:
         raise StartFailed(f"the {spec.name} stack's {exc.what}", exc.reason, exc.log) from None
+    stack.metadata["stand_up_s"] = round(time.monotonic() - started, 2)
+    return stack

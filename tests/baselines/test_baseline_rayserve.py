@@ -34,6 +34,9 @@ ENGINE_OPTIONS: dict[str, Any] = {"max_num_seqs": 64}
 INFLIGHT = 16
 QUEUE = 2
 TIMEOUT_S = 20.0
+HANG_S = 60.0
+"""How long a call may stay open before it counts as hung: past anything a host loaded by two busy
+processes beside four test workers takes to answer or to restore a killed actor."""
 
 
 class Reply:
@@ -609,33 +612,37 @@ def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
 def test_ingress_killed_gives_explicit_errors_then_is_restored(
     baseline: BaselineHandle, port: int
 ) -> None:
+    """The stream the killed ingress served ends, not completed, and every call made before Serve
+    has restored it ends by itself, with an answer or an explicit error. No speed is judged: on
+    a loaded host the proxy may hold a call until the new ingress is up (CI saw a call held past
+    10 s), so a call that is still open after :data:`HANG_S` is a hang."""
     victim = baseline.pids()["ingress"][0]
     body = {"prompt": "long", "max_tokens": 3000, "stream": True}
     inflight: list[Reply] = []
     runner = threading.Thread(
-        target=lambda: inflight.append(call(port, "/v1/completions", body, timeout=10))
+        target=lambda: inflight.append(call(port, "/v1/completions", body, timeout=HANG_S))
     )
     runner.start()
     wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 1, 10, "dispatch")
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    runner.join(15)
-    assert not runner.is_alive()
+    runner.join(HANG_S + 5)
+    assert not runner.is_alive(), "the client hung on the dead ingress"
     reply = inflight[0]
-    assert time.monotonic() - killed_at < 10, "the client hung on the dead ingress"
+    print(f"the killed ingress's stream ended {time.monotonic() - killed_at:.1f} s after the kill")
     done = reply.status == 200 and reply.body.endswith(b"data: [DONE]\n\n")
     assert not done, "a stream served by the killed ingress cannot have completed"
     assert reply.error or reply.status >= 500
     for _ in range(3):  # meanwhile: an answer or an explicit error, never a hang
-        after = call(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=10)
+        after = call(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=HANG_S)
         assert "timed out" not in after.error
         assert after.status in (200, 500, 502, 503, 504) or after.error
     wait_for(
         lambda: victim not in (p := baseline.pids()["ingress"]) and len(p) == 1,
-        60,
+        HANG_S,
         "Serve restoring the ingress",
     )
-    wait_for(lambda: call(port, "/health", timeout=5).status == 200, 60, "ingress healthy")
+    wait_for(lambda: call(port, "/health", timeout=5).status == 200, HANG_S, "ingress healthy")
     again = call(port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert again.status == 200
 

@@ -151,7 +151,7 @@ def test_the_readme_notebook_lines_work_as_written_from_the_repository_root(
 ) -> None:
     """As a newcomer runs them: ``pip install nox`` in a fresh virtual environment, then the
     README's notebook line verbatim in the repository root, on a run under ``results/``. The
-    bench line's run itself is the smoke test's (``test_bench_run``, from the same README line);
+    bench line's run itself is the smoke test's (``test_readme_bench``, from the same README line);
     here a small real run stands in for it. The path is read from where the user stands, and
     the executed notebook and its HTML land in the run directory."""
     bench_line, notebook_line = readme.commands(readme.NOTEBOOK_SECTION)

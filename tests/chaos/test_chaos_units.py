@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import socket
 import subprocess
@@ -426,14 +427,15 @@ def test_chaos_telemetry_reads_the_stack_engines(tmp_path: Path) -> None:
 
 
 def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
-    from tests.support.chaos_checks import RECOVERY_PER_STANDUP, allowing
+    from chaos.runner import RECOVERY_PER_STAND_UP
+    from tests.support.chaos_checks import allowing
 
     profile = load_profile("d_fault", "smoke")
     sc = chaos_settings(profile)
     assert allowing(profile, 0.1).chaos == sc, "a quick machine keeps the profile's figures"
     slow = chaos_settings(allowing(profile, 30.0))
-    assert slow.deadline_ms == int(RECOVERY_PER_STANDUP * 30.0 * 1000)
-    assert slow.recover_timeout_s == RECOVERY_PER_STANDUP * 30.0
+    assert slow.deadline_ms == int(RECOVERY_PER_STAND_UP * 30.0 * 1000)
+    assert slow.recover_timeout_s == RECOVERY_PER_STAND_UP * 30.0
     assert chaos_settings(allowing(profile, 1e6)).deadline_ms == 3_600_000  # the contract's cap
 
 
@@ -447,6 +449,20 @@ def test_recovery_waits_at_least_as_long_as_the_engine_takes_to_start() -> None:
     assert for_engine(smoke, "vllm").recover_timeout_s == ENGINE_START_S["vllm"]
     assert for_engine(smoke, "vllm").deadline_ms == smoke.deadline_ms
     assert for_engine(smoke, "sim") is smoke
+
+
+def test_recovery_waits_longer_on_a_host_slow_to_stand_the_stack_up() -> None:
+    """A run's recovery cap grows with its stack's measured stand-up (a loaded host restarts a
+    killed part slower than the scale's quiet one), never below the scale's own figure."""
+    from chaos.runner import RECOVERY_PER_STAND_UP, chaos_settings, for_host
+    from harness.profile import load_profile
+
+    smoke = chaos_settings(load_profile("d_fault", "smoke", None))
+    assert for_host(smoke, None) is smoke, "an external stack's stand-up says nothing"
+    assert for_host(smoke, 0.5) is smoke, "a quick stand-up keeps the scale's bound"
+    slow = for_host(smoke, 20.0)
+    assert slow.recover_timeout_s == RECOVERY_PER_STAND_UP * 20.0 > smoke.recover_timeout_s
+    assert dataclasses.replace(slow, recover_timeout_s=smoke.recover_timeout_s) == smoke
 
 
 def test_baseline_pids_count_ray_serve_llm_replicas_not_their_engine_cores(

@@ -21,24 +21,20 @@ EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
 SCALE = "smoke"
 # A KV cache small enough that the KV-pressure experiment fills it in seconds.
 ENGINE_OPTIONS = {"num_kv_blocks": 2048}
-# How many stand-up times a fault's recovery may take: recovering (Serve replacing an actor, a
-# replica restarting) is a part of standing up, so a machine slow to stand the stack up is given
-# as much longer to recover, and no request is cut off before the stack can answer it.
-RECOVERY_PER_STANDUP = 4.0
 
 
 def allowing(profile: Profile, standup_s: float) -> Profile:
-    """Profile D with its load deadline and recovery timeout grown to what this machine needs.
+    """Profile D with its recovery timeout grown as a run grows it (``chaos.runner.for_host``)
+    and its load deadline grown alike, so that no request is cut off before the stack can
+    answer it on a machine slow to stand the stack up.
 
     The waits themselves end when the stack is whole again (``wait_ready`` polls health); only
     their caps derive from the measured stand-up.
     """
-    sc = runner.chaos_settings(profile)
-    allowance_s = RECOVERY_PER_STANDUP * standup_s
+    sc = runner.for_host(runner.chaos_settings(profile), standup_s)
+    allowance_ms = int(runner.RECOVERY_PER_STAND_UP * standup_s * 1000)
     chaos = dataclasses.replace(
-        sc,
-        deadline_ms=min(MAX_DEADLINE_MS, max(sc.deadline_ms, int(allowance_s * 1000))),
-        recover_timeout_s=max(sc.recover_timeout_s, allowance_s),
+        sc, deadline_ms=min(MAX_DEADLINE_MS, max(sc.deadline_ms, allowance_ms))
     )
     return dataclasses.replace(profile, chaos=chaos)
 
