@@ -24,9 +24,9 @@ SLOWEST = 10
 def host_busy_s() -> float:
     """Seconds of CPU the whole host has spent busy since boot (every core, every process:
     Ray's daemons too, which no parent waits for), from /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks) - idle - iowait) / os.sysconf("SC_CLK_TCK")
 
 
 def run(name: str, out: Path, command: list[str]) -> int:
@@ -73,7 +73,8 @@ def report(out: Path) -> int:
             f" ({share:.0%} of {r['cores']} cores)"
         )
     span = max(r["started"] + r["wall_s"] for r in rows) - min(r["started"] for r in rows)
-    print(f"  {'all of them':<18}          wall {span:7.1f} s (from the first start to the last end)")
+    whole = f"  {'all of them':<18}          wall {span:7.1f} s"
+    print(f"{whole} (from the first start to the last end)")
     print(f"\nThe {SLOWEST} slowest tests (setup, call and teardown):")
     for seconds, session, test in slowest(out)[:SLOWEST]:
         print(f"  {seconds:7.1f} s  {session:<8} {test}")
