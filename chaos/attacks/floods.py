@@ -2,7 +2,9 @@
 
 Each sends in batches written with one ``sendall`` (one read for the replica, as an attacker's
 pipelining makes it), reads whatever the replica answered between batches, and stops at its count
-bound, its time budget, or when the replica closes the connection or stops reading.
+bound, its time budget, or when the replica closes the connection or stops reading (no byte
+taken for :data:`h2raw.HANG_S`: a replica that is only slow is waited for, since the verdict is
+on what it answers to everything sent).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import PingFrame, SettingsFrame
 
 from chaos.attacks.context import LONG_DEADLINE, Context
-from chaos.attacks.h2raw import HostileH2, request_headers
+from chaos.attacks.h2raw import HANG_S, HostileH2, request_headers
 from chaos.attacks.outcome import Observed
 
 RESET_PAIRS_MAX: Final = 30_000
@@ -39,7 +41,7 @@ def rapid_reset(ctx: Context) -> Observed:
     (CVE-2023-44487)."""
     target = ctx.target
     headers = request_headers(target.port, extra=[LONG_DEADLINE], body_len=DECLARED_BODY)
-    conn = HostileH2(target.host, target.port)
+    conn = HostileH2(target.host, target.port, send_timeout_s=HANG_S)
     pairs = 0
     started = time.monotonic()
     stop_at = ctx.deadline()
@@ -124,7 +126,7 @@ def ping_flood(ctx: Context) -> Observed:
 
 def _control_flood(ctx: Context, frame: bytes, kind: str) -> Observed:
     target = ctx.target
-    conn = HostileH2(target.host, target.port)
+    conn = HostileH2(target.host, target.port, send_timeout_s=HANG_S)
     batch = frame * CONTROL_BATCH
     frames = 0
     started = time.monotonic()

@@ -25,13 +25,17 @@ import h2.exceptions
 import h2.settings
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame, PingFrame, SettingsFrame
 
-CONNECT_TIMEOUT_S: Final = 5.0
 SEND_TIMEOUT_S: Final = 2.0
+"""How long a send may block before the attack takes it that the replica stopped reading: it
+only ends an attack that is judged on other things (memory, ``active``); an attack judged on
+what the replica answers to all it sent uses :data:`HANG_S` instead."""
 READ_CHUNK: Final = 1 << 16
 BARRIER_PING: Final = b"zlbr"  # and 4 bytes of a count: PING carries 8 (RFC 9113 6.7)
-BARRIER_TIMEOUT_S: Final = 20.0
-"""How long a replica may take to read what an attack sent before answering the barrier's PING;
-a bound for a loaded host (a few MiB of frames), not a figure any replica is held to."""
+HANG_S: Final = 20.0
+"""How long the attacker waits for what the replica owes it (a connection accepted, its SETTINGS,
+the ACK of a barrier's PING after a few MiB of frames, a stream's answer, a close) before it
+judges without it: a guard against a hang, sized for a loaded host, not a figure any replica is
+held to; every such wait ends on its event first."""
 Header = tuple[bytes, bytes]
 
 CONFIG: Final = h2.config.H2Configuration(
@@ -102,10 +106,13 @@ class HostileH2:
         settings: dict[int, int] | None = None,
         *,
         read_settings: bool = True,
+        connect: bool = True,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
+        self.host = host
         self.port = port
-        self.sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        self.sock.settimeout(SEND_TIMEOUT_S)
+        self.send_timeout_s = send_timeout_s
+        self.sock: socket.socket
         self.h2 = h2.connection.H2Connection(config=CONFIG)
         self.h2.initiate_connection()
         if settings:
@@ -114,9 +121,18 @@ class HostileH2:
         self.sent_streams = 0
         self._unfed = b""
         self.settings_seen = False
+        if connect:
+            self.connect(read_settings=read_settings)
+
+    def connect(self, *, read_settings: bool = True) -> None:
+        """Open the socket and send what h2 has framed (``connect=False`` left it unopened):
+        streams queued before it cost the attacker's CPU before the replica's clocks start
+        (keepalive, body timeout), not while they run, however slow a loaded host makes that."""
+        self.sock = socket.create_connection((self.host, self.port), timeout=HANG_S)
+        self.sock.settimeout(self.send_timeout_s)
         self.flush()
         if read_settings:
-            self.read_until(lambda: self.settings_seen, 2.0)
+            self.read_until(lambda: self.settings_seen, HANG_S)
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -169,7 +185,7 @@ class HostileH2:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def peek_settings(self, timeout_s: float = 2.0) -> dict[int, int]:
+    def peek_settings(self, timeout_s: float = HANG_S) -> dict[int, int]:
         """The replica's first SETTINGS, read without feeding them to h2 (they are fed at the
         next :meth:`pump`), so h2 does not yet hold this client to the replica's limits."""
         deadline = time.monotonic() + timeout_s
@@ -227,15 +243,16 @@ class HostileH2:
                 return
             self.pump(min(remaining, 0.1))
 
-    def barrier(self, timeout_s: float = BARRIER_TIMEOUT_S) -> bool:
+    def barrier(self, timeout_s: float = HANG_S) -> bool:
         """Send a PING of our own and read until its ACK. The replica reads a connection's
         frames in order (RFC 9113 section 5.1: frames of a connection are processed in the
         order received), so its ACK means it has read everything sent before the PING; what it
         said about those frames (a GOAWAY) comes with the ACK or just after it (section 6.7
         lets the ACK go first), which a short pump after this reads. A loaded host makes the
         replica read late, not less: this waits for it rather than judge what it has not read
-        yet. False when no ACK came (the connection ended, or ``timeout_s`` passed)."""
-        if self.tally.goaway or self.tally.closed:
+        yet. False when no ACK came (the connection ended, a send timed out partway through a
+        frame, or ``timeout_s`` passed)."""
+        if self.tally.goaway or self.tally.closed or self.tally.send_blocked:
             return False
         payload = BARRIER_PING + (self.sent_streams % 2**32).to_bytes(4, "big")
         self.h2.ping(payload)
@@ -279,7 +296,7 @@ class HostileH2:
         return events
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: never connected
             self.sock.close()
 
 

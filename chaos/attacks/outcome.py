@@ -4,8 +4,9 @@ The bounds an attack is judged by are derived here, in one place:
 
 - healthy success ratio 1.0: every request of the well-behaved client beside the attack
   completes (the issue's bar: one client's abuse costs another client nothing);
-- ``active`` back to 0 within :data:`SETTLE_S` after the attack's sockets are closed (a reset or
-  abandoned request must free its call; the suite's timeouts are all shorter than that);
+- ``active`` back to 0 after the attack's sockets are closed (a reset or abandoned request must
+  free its call): waited for as an event, :data:`SETTLE_TIMEOUT_S` only guards against a leak
+  that never returns (the attacker's requests ask for an hour's deadline, far past it);
 - RSS growth (peak during the attack over the sample just before it) under
   ``RSS_SLACK_BYTES + connections * CONNECTION_STATE_BYTES + buffered * connection_buffer_bytes``:
   what the replica may legitimately hold for the attacker's open connections (protocol state,
@@ -15,12 +16,15 @@ The bounds an attack is judged by are derived here, in one place:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-SETTLE_S: Final = 5.0
-"""How long ``active`` may take to return to 0 after an attack: past every suite timeout
-(:data:`chaos.attacks.target.SUITE_LIMITS`, all 2 s or less) and the healthy client's deadline."""
+SETTLE_TIMEOUT_S: Final = 60.0
+"""How long the suite waits for ``active`` to return to 0 before judging it leaked: a hang guard
+(a loaded host makes the replica's timers late, not absent), far past every suite timeout
+(:data:`chaos.attacks.target.SUITE_LIMITS`) and the healthy client's deadline, far short of the
+hour an attacker's request asks for."""
 RSS_SLACK_BYTES: Final = 24 << 20
 """Growth allowed with no attack at all: pymalloc arenas, uvloop buffers and the healthy client's
 own requests move a replica's RSS by a few MiB over seconds of steady load."""
@@ -111,16 +115,21 @@ def judge(
     active_after: int | None,
     *,
     replica_killed: bool = False,
+    healthy_errors: Mapping[str, int] | None = None,
 ) -> tuple[str, ...]:
     """Every bound the outcome misses, in words (empty: it passes)."""
     before, peak, _ = rss
     failures = list(observed.problems)
     if healthy_ok != healthy_total:
-        failures.append(f"healthy client: {healthy_ok} of {healthy_total} requests completed")
+        why = ", ".join(f"{count} x {code}" for code, count in (healthy_errors or {}).items())
+        failures.append(
+            f"healthy client: {healthy_ok} of {healthy_total} requests completed"
+            + (f" ({why})" if why else "")
+        )
     if peak - before > bound.bytes:
         failures.append(f"RSS grew {mib(peak - before)}, bound {mib(bound.bytes)}")
     if not replica_killed and active_after != 0:
-        failures.append(f"active is {active_after} {SETTLE_S:g} s after the attack, not 0")
+        failures.append(f"active is {active_after}, not 0, {SETTLE_TIMEOUT_S:g} s after the attack")
     return tuple(failures)
 
 

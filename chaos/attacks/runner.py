@@ -1,9 +1,9 @@
 """The standing attack suite: every attack of issue 14 against a fresh replica, judged.
 
 For each attack: start a ``zl-replica`` (the suite's limits, :data:`target.SUITE_LIMITS`, plus
-the attack's own), start the healthy client beside it and let it warm up, sample RSS, run the
-attack for its budget, stop the healthy client, wait for ``active`` to return to 0, and judge
-(``outcome.judge``). Every process started here is stopped in a ``finally``.
+the attack's own), start the healthy client beside it and wait for its first answer, sample RSS,
+run the attack for its budget, stop the healthy client, wait for ``active`` to return to 0, and
+judge (``outcome.judge``). Every process started here is stopped in a ``finally``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from typing import Final
 from chaos.attacks import connections, floods, streams, tenancy
 from chaos.attacks.context import Context, Setup
 from chaos.attacks.healthy import HealthyClient, HealthyResult
-from chaos.attacks.outcome import SETTLE_S, Observed, Outcome, RssBound, judge
+from chaos.attacks.outcome import SETTLE_TIMEOUT_S, Observed, Outcome, RssBound, judge
 from chaos.attacks.target import SUITE_LIMITS, RssSampler, Target
 
-WARMUP_S: Final = 0.5
 DEFAULT_SECONDS: Final = 3.0
 
 
@@ -129,13 +128,13 @@ def run_attack(attack: Attack, seconds: float = DEFAULT_SECONDS, engine: str = "
             with RssSampler(target.pid) as rss:
                 if attack.healthy:
                     healthy = HealthyClient(target.url, api_key=setup.healthy_api_key)
-                    time.sleep(WARMUP_S)
+                    healthy.wait_ready()
                 before = rss.restart_peak()
                 started = time.monotonic()
                 observed = attack.run(Context(target, seconds, workdir, setup))
                 elapsed = time.monotonic() - started
                 result = healthy.stop() if healthy else HealthyResult(0, 0, {})
-                active = None if target.killed else target.settle(SETTLE_S)
+                active = None if target.killed else target.settle(SETTLE_TIMEOUT_S)
                 after = rss.sample()
                 peak = rss.peak
         finally:
@@ -144,7 +143,7 @@ def run_attack(attack: Attack, seconds: float = DEFAULT_SECONDS, engine: str = "
             target.stop()
     bound = RssBound(attack.connections, attack.buffered, target.limits.connection_buffer_bytes)
     failures = judge(observed, result.ok, result.total, (before, peak, after), bound, active,
-                     replica_killed=target.killed)  # fmt: skip
+                     replica_killed=target.killed, healthy_errors=result.errors)  # fmt: skip
     return Outcome(
         attack=attack.name,
         item=attack.item,

@@ -12,7 +12,7 @@ import h2.exceptions
 import h2.settings
 
 from chaos.attacks.context import LONG_DEADLINE, Context, completion, contract_header
-from chaos.attacks.h2raw import Header, HostileH2, request_headers
+from chaos.attacks.h2raw import HANG_S, Header, HostileH2, request_headers
 from chaos.attacks.outcome import Observed
 from serving.wire import contract
 
@@ -20,7 +20,6 @@ LONG_COMPLETIONS: Final = 200
 """The issue's 200 requests of 65,536 tokens for a client that reads nothing."""
 MAX_TOKENS: Final = contract.MAX_OUTPUT_TOKENS
 HEALTHY_PER_ROUND: Final = 4
-ROUND_TIMEOUT_S: Final = 3.0
 EXCESS_STREAMS: Final = 8
 EXCESS_PROBE_MAX: Final = 16_384
 """The most streams the attack opens to exceed what the replica advertises (today's value)."""
@@ -121,31 +120,40 @@ def _malformed_round(conn: HostileH2, variant: str) -> int:
         bad = conn.open_stream(request_headers(conn.port, extra=MALFORMED[variant]))
     conn.h2.send_data(bad, body, end_stream=True)
     conn.flush()
-    conn.wait_answered(sids, ROUND_TIMEOUT_S)
+    conn.wait_answered(sids, HANG_S)
     tally = conn.tally
     return sum(1 for s in sids if not (s in tally.ended and tally.responses.get(s) == "200"))
 
 
 def excess_streams(ctx: Context) -> Observed:
     """More streams than the replica's MAX_CONCURRENT_STREAMS, all open at once (bodies never
-    sent): the excess get RST_STREAM(REFUSED_STREAM), the connection lives on."""
+    sent): the excess get RST_STREAM(REFUSED_STREAM), the connection lives on.
+
+    The limit is read on a probe connection; the streams are framed before the attack's own
+    connection opens and sent with its preface (framing a thousand streams takes seconds of a
+    loaded host's CPU, long enough for the keepalive to close a connection that did not read
+    meanwhile); the verdict waits for the replica to have read them all (the barrier)."""
     target = ctx.target
-    conn = HostileH2(target.host, target.port, read_settings=False)
+    probe = HostileH2(target.host, target.port, read_settings=False)
     try:
-        advertised = conn.peek_settings().get(
+        advertised = probe.peek_settings().get(
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS, EXCESS_PROBE_MAX + 1
         )
-        if advertised > EXCESS_PROBE_MAX:
-            return Observed(
-                f"advertises MAX_CONCURRENT_STREAMS {advertised:,}",
-                (f"MAX_CONCURRENT_STREAMS {advertised:,} is past {EXCESS_PROBE_MAX:,}",),
-            )
+    finally:
+        probe.close()
+    if advertised > EXCESS_PROBE_MAX:
+        return Observed(
+            f"advertises MAX_CONCURRENT_STREAMS {advertised:,}",
+            (f"MAX_CONCURRENT_STREAMS {advertised:,} is past {EXCESS_PROBE_MAX:,}",),
+        )
+    conn = HostileH2(target.host, target.port, connect=False)
+    try:
         opened = advertised + EXCESS_STREAMS
         headers = request_headers(target.port, extra=[LONG_DEADLINE], body_len=64)
         for _ in range(opened):
             conn.open_stream(headers)
-        conn.flush()
-        conn.read_until(lambda: bool(conn.tally.resets or conn.tally.goaway), ctx.seconds)
+        conn.connect(read_settings=False)
+        conn.barrier()
         conn.pump(0.2)
         tally = conn.tally
         problems = []
@@ -234,7 +242,7 @@ def _request_stream(ctx: Context, extra: Callable[[int], list[Header]], what: st
                 sent += 1
             if not conn.flush():
                 break
-            conn.wait_answered(sids, ROUND_TIMEOUT_S)
+            conn.wait_answered(sids, HANG_S)
         return Observed(conn.tally.describe(f"{sent:,} requests with {what}"))
     finally:
         conn.close()

@@ -11,7 +11,7 @@ from typing import Final
 import orjson
 
 from chaos.attacks.context import Context, Setup, completion, contract_header
-from chaos.attacks.h2raw import Header, HostileH2, request_headers
+from chaos.attacks.h2raw import HANG_S, Header, HostileH2, request_headers
 from chaos.attacks.outcome import Observed
 from chaos.attacks.target import replica_flags
 from serving.wire import contract
@@ -21,10 +21,14 @@ FLOOD_TENANT: Final = "flood"
 VICTIM_TENANT: Final = "victim"
 HEALTHY_TENANT: Final = "healthy"
 FLOOD_BATCH: Final = 50
-ANSWER_WAIT_S: Final = 5.0  # bound on reading the answers to the last batch
 FLOOD_MAX_TOKENS: Final = 512
 VICTIM_DEADLINE_MS: Final = 6000
 """The issue's queued ``normal`` request with a 6 s deadline (it finished in 0.4 s unflooded)."""
+VICTIM_DEADLINE_FACTOR: Final = 15
+"""The issue's deadline over its unflooded time (6 s / 0.4 s): the victim's deadline is at least
+this many times the same request's time measured alone just before the flood, so a host too
+loaded to serve it in 0.4 s does not fail it. A flood let in as ``high`` queues the victim behind
+thousands of 512-token requests on a few sequences: minutes, far past that."""
 QUEUE_SEQS: Final = 4
 """``max_num_seqs`` of the sim engine for the priority attack: a few, so a flood queues."""
 ACCOUNTING_FILE: Final = "accounting.jsonl"
@@ -56,25 +60,32 @@ def priority_spoof(ctx: Context) -> Observed:
     ``priority_not_allowed``, so a queued ``normal`` request still meets its deadline."""
     keys = dict(ctx.setup.keys)
     target = ctx.target
-    flood = HostileH2(target.host, target.port)
-    victim = HostileH2(target.host, target.port)
     body = completion(FLOOD_MAX_TOKENS)
     flood_headers = request_headers(
         target.port, extra=_auth(keys[FLOOD_TENANT], FLOOD_TENANT, "high"), body_len=len(body)
     )
-    flood_sids: list[int] = []
-    stop_at = ctx.deadline()
-    try:
-        victim_body = completion(16)
-        victim_headers = request_headers(
+    victim_body = completion(16)
+
+    def victim_headers(deadline_ms: int) -> list[Header]:
+        return request_headers(
             target.port,
             extra=[
                 *_auth(keys[VICTIM_TENANT], VICTIM_TENANT, "normal"),
-                contract_header(contract.DEADLINE_MS, str(VICTIM_DEADLINE_MS)),
+                contract_header(contract.DEADLINE_MS, str(deadline_ms)),
             ],
             body_len=len(victim_body),
         )
+
+    flood_sids: list[int] = []
+    victim = HostileH2(target.host, target.port)
+    flood: HostileH2 | None = None
+    try:
+        unflooded_ms = _time_alone(victim, victim_headers(int(HANG_S * 1000)), victim_body)
+        deadline_ms = max(VICTIM_DEADLINE_MS, round(VICTIM_DEADLINE_FACTOR * (unflooded_ms or 0)))
+        # Opened only now: the replica's keepalive closes a connection left unread meanwhile.
+        flood = HostileH2(target.host, target.port)
         victim_sid = -1
+        stop_at = ctx.deadline()
         while time.monotonic() < stop_at and not flood.tally.closed:
             for _ in range(FLOOD_BATCH):
                 sid = flood.open_stream(flood_headers)
@@ -83,17 +94,26 @@ def priority_spoof(ctx: Context) -> Observed:
             flood.flush()
             flood.pump(0.05)
             if victim_sid < 0:
-                victim_sid = victim.open_stream(victim_headers)
+                victim_sid = victim.open_stream(victim_headers(deadline_ms))
                 victim.h2.send_data(victim_sid, victim_body, end_stream=True)
                 victim.flush()
             victim.pump()
-        victim.wait_answered([victim_sid], VICTIM_DEADLINE_MS / 1000 + 1)
-        # The last batch went out just before the deadline: read its answers too (bounded).
-        flood.wait_answered(flood_sids, ANSWER_WAIT_S)
-        return _priority_verdict(flood, victim, victim_sid, len(flood_sids))
+        # The replica ends the victim by its deadline, and the last batch went out just before
+        # the attack's: read both answers, both connections (each is closed unread past the
+        # keepalive). HANG_S only guards against a hang.
+        victim_sids = [victim_sid] if victim_sid > 0 else []
+        _wait_answered(
+            (victim, victim_sids), (flood, flood_sids), timeout_s=deadline_ms / 1000 + HANG_S
+        )
+        observed = _priority_verdict(flood, victim, victim_sid, len(flood_sids), deadline_ms)
+        if unflooded_ms is None:
+            problem = "the normal request did not complete even before the flood"
+            return Observed(observed.did, (problem, *observed.problems))
+        return observed
     finally:
-        flood.close()
         victim.close()
+        if flood is not None:
+            flood.close()
 
 
 def _auth(key: str, tenant: str, priority: str) -> list[Header]:
@@ -104,19 +124,50 @@ def _auth(key: str, tenant: str, priority: str) -> list[Header]:
     ]
 
 
-def _priority_verdict(flood: HostileH2, victim: HostileH2, sid: int, sent: int) -> Observed:
+def _wait_answered(*waits: tuple[HostileH2, list[int]], timeout_s: float) -> None:
+    """Pump every connection until each of its streams has ended or been reset, or it closed,
+    or ``timeout_s`` passed."""
+    give_up_at = time.monotonic() + timeout_s
+    pending = list(waits)
+    while pending and time.monotonic() < give_up_at:
+        for conn, _ in pending:
+            conn.pump(0.05)
+        pending = [(c, sids) for c, sids in pending if not (c.tally.closed or _done(c, sids))]
+
+
+def _done(conn: HostileH2, sids: list[int]) -> bool:
+    tally = conn.tally
+    return all(s in tally.ended or s in tally.reset_ids for s in sids)
+
+
+def _time_alone(conn: HostileH2, headers: list[Header], body: bytes) -> float | None:
+    """One request alone on ``conn``: ms until it completed with a 200 (None if it did not)."""
+    started = time.monotonic()
+    sid = conn.open_stream(headers)
+    conn.h2.send_data(sid, body, end_stream=True)
+    conn.flush()
+    conn.wait_answered([sid], HANG_S)
+    if sid in conn.tally.ended and conn.tally.responses.get(sid) == "200":
+        return (time.monotonic() - started) * 1000
+    return None
+
+
+def _priority_verdict(
+    flood: HostileH2, victim: HostileH2, sid: int, sent: int, deadline_ms: int
+) -> Observed:
     refused = flood.tally.statuses[f"403 {contract.PRIORITY_NOT_ALLOWED.code}"]
     victim_status = victim.tally.responses.get(sid, "no answer")
     completed = sid in victim.tally.ended and victim_status == "200"
     said = (
         f"refused {refused:,} of {sent:,} spoofed high requests; the queued normal request "
-        f"answered {victim_status}{'' if completed else ' (did not complete)'}"
+        f"(deadline {deadline_ms:,} ms) answered {victim_status}"
+        f"{'' if completed else ' (did not complete)'}"
     )
     problems = []
     if refused < sent:
         problems.append(f"{sent - refused} spoofed high requests not refused priority_not_allowed")
     if not completed:
-        problems.append(f"the normal request missed its {VICTIM_DEADLINE_MS} ms deadline")
+        problems.append(f"the normal request missed its {deadline_ms:,} ms deadline")
     return Observed(said, tuple(problems))
 
 

@@ -18,7 +18,9 @@ from harness.profile import DEFAULT_PROFILES
 from tests.support import readme
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
-SMOKE_LIMIT_S = 600
+SMOKE_LIMIT_S = 1800
+"""A hang guard, not a speed judgement: the run takes about 6 minutes on a quiet 2-core host and
+took over 10 beside CI's other session and two busy processes."""
 
 
 def _must_lose_nothing(stack: str, profile: str) -> bool:
@@ -36,7 +38,7 @@ def _run_dir(out: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(SMOKE_LIMIT_S + 60)  # its own bound, past the suite's 300 s
+@pytest.mark.timeout(SMOKE_LIMIT_S + 60)  # its own guard, past the suite's 300 s
 def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
     """The README's short run (its ``nox -s bench -- ...`` line's arguments, so the two cannot
     drift apart) into a temporary directory."""

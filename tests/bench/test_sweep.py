@@ -18,6 +18,9 @@ from harness.profile import load_profile
 from harness.schema import SummaryRow
 
 SWEEP = [sys.executable, "-m", "bench.cli", "sweep", "--quiet"]
+SWEEP_LIMIT_S = 900
+"""A hang guard for one sweep command (each takes 1-2 minutes on a quiet 2-core host), within the
+timeout each such test is given below."""
 
 
 def row(rate: float, **fields: object) -> SummaryRow:
@@ -81,6 +84,7 @@ def _run_dir(out: Path) -> Path:
     return run
 
 
+@pytest.mark.timeout(SWEEP_LIMIT_S + 60)
 def test_a_loader_pushed_past_its_own_capacity_marks_its_points_invalid(tmp_path: Path) -> None:
     """The null engine answers at once, so the loader is what limits: 200,000 req/s (5 us per
     request, under what one Python process spends sending one over h2 on any machine: 20,000 req/s
@@ -95,7 +99,7 @@ def test_a_loader_pushed_past_its_own_capacity_marks_its_points_invalid(tmp_path
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=SWEEP_LIMIT_S,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -109,12 +113,13 @@ def test_a_loader_pushed_past_its_own_capacity_marks_its_points_invalid(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_LIMIT_S + 60)
 def test_a_smoke_sweep_runs_every_rate_and_repeat_on_both_stacks(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*SWEEP, "--scale", "smoke", "--rates", "2,4", "--repeats", "2", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=SWEEP_LIMIT_S,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -150,6 +155,7 @@ def test_a_smoke_sweep_runs_every_rate_and_repeat_on_both_stacks(tmp_path: Path)
     assert "max goodput" in proc.stdout and (run / schema.REPORT).exists()
 
 
+@pytest.mark.timeout(SWEEP_LIMIT_S + 60)
 def test_an_adaptive_sweep_brackets_the_highest_rate_within_the_slos(tmp_path: Path) -> None:
     """Bisection on the sim engine with one replica allowed 2 sequences (about 3 req/s of A):
     the bracket it reports holds one rate that met the SLOs and one that did not."""
@@ -162,7 +168,7 @@ def test_an_adaptive_sweep_brackets_the_highest_rate_within_the_slos(tmp_path: P
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=SWEEP_LIMIT_S,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

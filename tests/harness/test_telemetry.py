@@ -72,11 +72,20 @@ class StallingSource:
         pass
 
 
+def _wait_for_ticks(sampler: Sampler, ticks: int, limit_s: float = 60.0) -> None:
+    """Until ``sampler`` has finished ``ticks`` ticks: events, not a time (the limit is a hang
+    guard). Its rows then cover every tick before; the one running now may straddle an event."""
+    deadline = time.monotonic() + limit_s
+    while sampler.ticks < ticks:
+        assert time.monotonic() < deadline, f"{sampler.ticks} of {ticks} ticks"
+        time.sleep(0.005)
+
+
 def test_schedule_is_absolute_and_a_stall_counts_missed_ticks(tmp_path: Path) -> None:
     interval = 0.05
     sampler = Sampler([StallingSource(interval)], tmp_path / "t.jsonl", interval_s=interval)
     with sampler:
-        time.sleep(0.6)
+        _wait_for_ticks(sampler, 6)  # the stall is the third
     rows = read_jsonl(tmp_path / "t.jsonl")
     seqs = [r["seq"] for r in rows]
     assert seqs == sorted(set(seqs)), "one row per tick, in order"
@@ -89,17 +98,23 @@ def test_schedule_is_absolute_and_a_stall_counts_missed_ticks(tmp_path: Path) ->
 
 
 def test_rows_carry_the_phase_they_were_sampled_in(tmp_path: Path) -> None:
+    """Ticks are counted around each phase event, not timed: a tick finished before an event
+    was sampled before it, and one started after the event was seen finishing after it."""
     phases = PhaseLog(tmp_path / "phases.jsonl")
     source = ProcessSource([Component("me", os.getpid(), "loader")])
-    with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02, phases=phases):
-        time.sleep(0.1)
+    with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02, phases=phases) as sampler:
+        _wait_for_ticks(sampler, 3)
+        before = sampler.ticks
         phases.begin("zerolayer/a_latency", stack="zerolayer")
-        time.sleep(0.15)
+        first_in = sampler.ticks + 1
+        _wait_for_ticks(sampler, first_in + 3)
         phases.fault("kill replica-0", stack="zerolayer")
+        last_in = sampler.ticks
         phases.end()
-        time.sleep(0.1)
+        first_after = sampler.ticks + 1
+        _wait_for_ticks(sampler, first_after + 3)
     phases.close()
-    rows = read_jsonl(tmp_path / "t.jsonl")
+    rows = read_jsonl(tmp_path / "t.jsonl")  # a row a tick: one source, one process
     events = read_jsonl(tmp_path / "phases.jsonl")
     assert [(e["kind"], e["event"]) for e in events] == [
         ("phase", "start"),
@@ -107,26 +122,42 @@ def test_rows_carry_the_phase_they_were_sampled_in(tmp_path: Path) -> None:
         ("phase", "end"),
     ]
     start, end = events[0]["t_ns"], events[2]["t_ns"]
-    inside = [r for r in rows if start < r["t_ns"] < end]
-    outside = [r for r in rows if r["t_ns"] < start - 5_000_000 or r["t_ns"] > end + 5_000_000]
-    assert inside and outside
+    inside, outside = rows[first_in:last_in], rows[:before] + rows[first_after:]
+    assert len(inside) >= 3 and len(outside) >= 6
+    assert all(start < r["t_ns"] < end for r in inside)
+    assert all(r["t_ns"] < start or r["t_ns"] > end for r in outside)
     assert all(r["phase"] == "zerolayer/a_latency" for r in inside)
     assert all(r["phase"] == "idle" for r in outside)
     assert all(r["rss_bytes"] > 1_000_000 for r in rows)
 
 
 def test_engine_source_follows_a_loaded_sim_engine(tmp_path: Path) -> None:
+    """The engine stays loaded for five of the sampler's ticks (requests far longer than that,
+    aborted then), and idle for two more: events, not a time, however slow the host."""
+
+    async def ticks(sampler: Sampler, n: int) -> None:
+        deadline = time.monotonic() + 60.0  # a hang guard
+        while sampler.ticks < n:
+            assert time.monotonic() < deadline, f"{sampler.ticks} of {n} ticks"
+            await asyncio.sleep(0.005)
+
     async def main() -> None:
         engine = SimEngine(SimConfig(model_shape="llama-3.2-1b", max_num_seqs=8))
         source = EngineSource([EngineTarget.in_process("engine0", "zerolayer", engine)])
-        with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02):
+        with Sampler([source], tmp_path / "t.jsonl", interval_s=0.02) as sampler:
 
             async def one(i: int) -> None:
-                async for _ in engine.generate(EngineRequest(f"r{i}", 100 + i, 40, seed=i)):
+                async for _ in engine.generate(EngineRequest(f"r{i}", 100 + i, 2000, seed=i)):
                     pass
 
-            await asyncio.gather(*(one(i) for i in range(24)))
-            await asyncio.sleep(0.05)
+            tasks = [asyncio.create_task(one(i)) for i in range(24)]
+            while engine.stats().running < 8:
+                await asyncio.sleep(0.001)
+            await ticks(sampler, sampler.ticks + 6)
+            for i in range(24):
+                engine.abort(f"r{i}")
+            await asyncio.gather(*tasks)
+            await ticks(sampler, sampler.ticks + 2)
         await engine.close()
 
     asyncio.run(main())
@@ -219,17 +250,35 @@ def test_prometheus_scrape_and_a_replica_that_is_down(metrics_server: str) -> No
     assert gone["up"] == 0 and "error" in gone
 
 
+def _started(code: str) -> subprocess.Popen[str]:
+    """A Python child running ``code`` once it has said it is past its start-up."""
+    ready = "import time\nprint('ready', flush=True)\n"
+    proc = subprocess.Popen([sys.executable, "-c", ready + code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _gain_cpu(pid: int, seconds: float, limit_s: float = 60.0) -> None:
+    """Until process ``pid`` has spent ``seconds`` more CPU (the limit is a hang guard)."""
+    proc = psutil.Process(pid)
+    target, deadline = cpu_seconds(proc) + seconds, time.monotonic() + limit_s
+    while cpu_seconds(proc) < target:
+        assert time.monotonic() < deadline, f"{pid} spent under {seconds} s of CPU"
+        time.sleep(0.02)
+
+
 def test_process_source_sees_a_busy_child_and_its_exit(tmp_path: Path) -> None:
-    code = "import time\nt = time.time()\nwhile time.time() - t < 5: pass\n"
-    busy = subprocess.Popen([sys.executable, "-c", code])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    """Over a window that lasts until the busy child has spent 0.3 s of CPU (however small its
+    share of a loaded host), the idle child, past its start-up, spent next to none."""
+    busy = _started("t = time.monotonic()\nwhile time.monotonic() - t < 120: pass\n")
+    idle = _started("time.sleep(120)\n")
     try:
         source = ProcessSource(
             [Component("busy", busy.pid, "orchestrator"), Component("idle", idle.pid, "replica")]
         )
-        time.sleep(0.8)
+        _gain_cpu(busy.pid, 0.3)
         rows = {r["name"]: r for r in source.read()}
-        assert rows["busy"]["cpu_pct"] > 5 * rows["idle"]["cpu_pct"] + 10
+        assert rows["busy"]["cpu_pct"] > 10 * rows["idle"]["cpu_pct"], rows
         assert rows["busy"]["role"] == "orchestrator" and rows["idle"]["rss_bytes"] > 0
         busy.kill()
         busy.wait()
@@ -238,10 +287,10 @@ def test_process_source_sees_a_busy_child_and_its_exit(tmp_path: Path) -> None:
     finally:
         for proc in (busy, idle):
             proc.kill()
-            proc.wait()
+            proc.communicate()
 
 
-def _tree_of_two(parent: subprocess.Popen[bytes]) -> dict[int, ProcessCpu]:
+def _tree_of_two(parent: subprocess.Popen[str]) -> dict[int, ProcessCpu]:
     """The reading of ``parent``'s tree once its child has started."""
     deadline = time.monotonic() + 20
     while len(reading := read_cpu([parent.pid])) < 2 and time.monotonic() < deadline:
@@ -250,15 +299,19 @@ def _tree_of_two(parent: subprocess.Popen[bytes]) -> dict[int, ProcessCpu]:
 
 
 def test_read_cpu_covers_a_process_tree_and_cpu_spent_what_each_spent() -> None:
+    """The window lasts until the spinning parent has spent 0.3 s of CPU, and starts once its
+    sleeping child is past its start-up (it says so), however loaded the host."""
     code = (
         "import subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "sleeper = 'import time; print(\"ready\", flush=True); time.sleep(120)'\n"
+        "child = subprocess.Popen([sys.executable, '-c', sleeper])\n"
         "while True: pass\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code])
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
+        assert parent.stdout is not None and parent.stdout.readline() == "ready\n"
         before = _tree_of_two(parent)
-        time.sleep(0.8)
+        _gain_cpu(parent.pid, 0.3)
         after = read_cpu([parent.pid])
         assert parent.pid in after and len(after) == 2, "the parent and its child"
         spent = cpu_spent(before, after)
@@ -270,7 +323,7 @@ def test_read_cpu_covers_a_process_tree_and_cpu_spent_what_each_spent() -> None:
         for proc in psutil.Process(parent.pid).children(recursive=True):
             proc.kill()
         parent.kill()
-        parent.wait()
+        parent.communicate()
     assert read_cpu([parent.pid]) == {}, "a gone process is left out"
 
 

@@ -359,8 +359,10 @@ def test_the_same_long_prompt_twice_prefills_only_the_last_block_the_second_time
         modelled_one = sum(t.modelled_s for t in one if t.prefill_tokens)
         modelled_two = sum(t.modelled_s for t in two if t.prefill_tokens)
         assert modelled_two < modelled_one / 10
-        assert first >= modelled_one, "a step never ends before its modelled time"
-        assert second < first, f"TTFT {second:.3f} s with the cache, {first:.3f} s without"
+        # Wall-clock TTFTs are only bounded below (a step never ends before its modelled time):
+        # how much sooner the cached one ends is the modelled ratio above, not the host's pace.
+        assert first >= modelled_one and second >= modelled_two, (first, second)
+        print(f"TTFT {second:.3f} s with the cache, {first:.3f} s without")
 
     asyncio.run(main())
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -168,21 +167,38 @@ def test_close_fails_running_streams_instead_of_hanging() -> None:
     asyncio.run(main())
 
 
-def test_step_durations_follow_the_model() -> None:
-    """Real-time fidelity at a small scale; the full 256-request check is `nox -s bench`."""
+def _modelled_steps(requests: list[EngineRequest]) -> list[tuple[float, int, int]]:
+    """Each step's modelled seconds, decode batch and prefill tokens, the engine driven without
+    time."""
+    engine = SimEngine(SimConfig(model_shape="llama-3.1-8b"))
+    for request in requests:
+        engine.add_request(request)
+    steps = []
+    while engine.batcher.seqs:
+        plan = engine.schedule()
+        steps.append(engine.step_seconds(plan))
+        engine.commit(plan)
+    return steps
 
-    async def main() -> None:
+
+def test_real_time_steps_are_the_modelled_steps() -> None:
+    """The real-time loop runs and records the very steps the model plans, with the model's
+    durations. Whether each step's wall time matches its modelled time is a judgement of the
+    host: benchmarks/test_sim_fidelity_bench.py (``nox -s benchmarks``) and ``zl-bench
+    fidelity`` (256 requests)."""
+    requests = [EngineRequest(f"f{i}", 256, 60, seed=i) for i in range(32)]
+
+    async def main() -> SimEngine:
         engine = SimEngine(SimConfig(model_shape="llama-3.1-8b"))
-        await asyncio.gather(
-            *(collect(engine, EngineRequest(f"f{i}", 256, 60, seed=i)) for i in range(32))
-        )
-        ratios = [t.actual_s / t.modelled_s for t in engine.timings]
-        assert len(ratios) >= 60
-        assert statistics.median(ratios) == pytest.approx(1.0, abs=0.10)
-        assert abs(engine.drift()) < 0.05
+        await asyncio.gather(*(collect(engine, r) for r in requests))
         await engine.close()
+        return engine
 
-    asyncio.run(main())
+    engine = asyncio.run(main())
+    steps = [(t.modelled_s, t.decode_batch, t.prefill_tokens) for t in engine.timings]
+    assert len(steps) >= 60
+    assert steps == _modelled_steps(requests), "every request was queued before the first step"
+    assert sum(t.modelled_s for t in engine.timings) == pytest.approx(engine.stats().busy_time_s)
 
 
 def test_make_engine_rejects_unknown_names_and_options() -> None:

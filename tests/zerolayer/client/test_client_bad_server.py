@@ -185,7 +185,8 @@ def test_goaway_blaming_a_stream_retries_the_others_that_shared_its_connection()
             client.submit(on_done, prompt="p", max_tokens=1, session=session, **fields)
 
         try:
-            async with ZeroLayerClient(urls, health_interval_s=0) as client:
+            # A poll slower than its timeout would mark a replica down: give it a hang guard's.
+            async with ZeroLayerClient(urls, health_interval_s=0, health_timeout_s=10) as client:
                 await client.poll_health()  # the connection is up: submit sends synchronously
                 on_a = [owned_by(client, a.url, f"h{n}-") for n in range(6)]
                 # Three healthy streams the replica holds (no answer yet); then, in one go, the

@@ -70,7 +70,11 @@ async def _probe_while_full() -> tuple[bool, int]:
     port = listener.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     try:
-        async with ZeroLayerClient([url], health_interval_s=0, down_after=1) as client:
+        # No timeout on a slow answer (a loaded host) may mark it down: only a skipped probe
+        # or a wrong verdict can.
+        async with ZeroLayerClient(
+            [url], health_interval_s=0, health_timeout_s=10, down_after=1
+        ) as client:
             await client.poll_health()  # opens the connection; the replica answers healthy
             held = [
                 asyncio.create_task(client.complete(prompt="hold", max_tokens=2, session="s"))

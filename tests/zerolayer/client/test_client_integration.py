@@ -24,12 +24,18 @@ from tests.support.sdk import Spawn, expected_text, run, session_owned_by
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
 
+# A replica of 10 KV blocks whose first request takes 9 and streams for seconds (512 tokens on
+# the sim's default model), so that a second one still finds it holding them however slowly a
+# loaded host lets the client send it (16-token blocks made it 80 tokens, 0.4 s).
+TINY_BLOCK = 64
+TINY_KV = ("--engine-option", "num_kv_blocks=10", "--engine-option", f"block_size={TINY_BLOCK}")
+
 
 def test_streams_the_engines_tokens_with_a_full_timing_record(spawn: Spawn) -> None:
     replica = spawn("sim")
 
     async def main() -> None:
-        async with ZeroLayerClient([replica.url]) as client:
+        async with ZeroLayerClient([replica.url], health_interval_s=0) as client:
             async with client.stream(prompt="tell me", max_tokens=12, seed=11, session="a") as s:
                 chunks = [c async for c in s]
             chat = await client.complete(prompt="tell me", max_tokens=12, seed=11, chat=True)
@@ -154,16 +160,17 @@ def test_no_retry_after_the_first_token(spawn: Spawn) -> None:
 
 
 def test_refusal_is_retried_on_the_next_replica(spawn: Spawn) -> None:
-    tiny = spawn("sim", "--engine-option", "num_kv_blocks=10")
+    tiny = spawn("sim", *TINY_KV)
     roomy = spawn("sim")
     prompt = "z" * 256
-    max_tokens = 144 - count_prompt_tokens(prompt)
+    max_tokens = 9 * TINY_BLOCK - count_prompt_tokens(prompt)
 
     async def main() -> None:
         async with ZeroLayerClient([tiny.url, roomy.url], health_interval_s=0) as client:
             session = session_owned_by(client, tiny.url)
             async with client.stream(prompt=prompt, max_tokens=max_tokens, session=session) as s:
-                # The first request holds 9 of the tiny replica's 10 KV blocks while it streams.
+                # The first request holds 9 of the tiny replica's 10 KV blocks while it streams
+                # (seconds: see TINY_KV).
                 second = await client.complete(
                     prompt=prompt, max_tokens=max_tokens, session=session
                 )
@@ -183,9 +190,9 @@ def test_a_refusal_is_stamped_when_the_client_sees_it(spawn: Spawn, tmp_path: Pa
     replica's KV watch saw the cache committed past the refusal point, and counts the admitted
     request, not the refused one."""
     watch = tmp_path / "kv-watch.jsonl"
-    tiny = spawn("sim", "--engine-option", "num_kv_blocks=10", "--kv-watch", str(watch))
+    tiny = spawn("sim", *TINY_KV, "--kv-watch", str(watch))
     prompt = "z" * 256
-    max_tokens = 144 - count_prompt_tokens(prompt)
+    max_tokens = 9 * TINY_BLOCK - count_prompt_tokens(prompt)
 
     async def main() -> None:
         client = ZeroLayerClient([tiny.url], health_interval_s=0, max_retries=0)
@@ -233,10 +240,12 @@ def test_health_poll_marks_a_frozen_replica_down_then_up_with_hysteresis(spawn: 
             await asyncio.sleep(0.02)
 
     async def main() -> None:
+        # A frozen replica never answers, so any timeout marks it down; one of seconds keeps a
+        # slow answer from the running replica (a loaded host) from marking that one down too.
         async with ZeroLayerClient(
             [r.url for r in replicas],
             health_interval_s=0.1,
-            health_timeout_s=0.2,
+            health_timeout_s=3.0,
             down_after=2,
             up_after=3,
         ) as client:
@@ -244,12 +253,12 @@ def test_health_poll_marks_a_frozen_replica_down_then_up_with_hysteresis(spawn: 
             await until(lambda: client.replicas[frozen.url].last_health is not None)
             os.kill(frozen.pid, signal.SIGSTOP)
             try:
-                await asyncio.wait_for(until(lambda: not client.is_up(frozen.url)), 10)
+                await asyncio.wait_for(until(lambda: not client.is_up(frozen.url)), 30)
                 routed = await client.complete(prompt="hi", max_tokens=2, session=session)
                 assert routed.timing.tried == [replicas[1].url]
             finally:
                 os.kill(frozen.pid, signal.SIGCONT)
-            await asyncio.wait_for(until(lambda: client.is_up(frozen.url)), 10)
+            await asyncio.wait_for(until(lambda: client.is_up(frozen.url)), 30)
             back = await client.complete(prompt="hi", max_tokens=2, session=session)
             assert back.timing.tried == [frozen.url]
             assert client.is_up(replicas[1].url)

@@ -13,6 +13,7 @@ import asyncio
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 import h2.config
 import h2.connection
@@ -27,8 +28,10 @@ from serving.engine import NullConfig, NullEngine
 from serving.engine.types import EngineRequest, EngineStats, TokenChunk
 from serving.wire.contract import MAX_OUTPUT_TOKENS
 from tests.support.server_client import H2Client, run, wait_all
+from tests.support.waiting import HandClock
 from zerolayer.server import start_replica
 from zerolayer.server.core import ReplicaCore
+from zerolayer.server.h2guard import ConnectionGuard
 from zerolayer.server.h2proto import H2Handler, H2Stream
 from zerolayer.server.limits import Limits
 
@@ -37,6 +40,7 @@ NO_ERROR = 0
 CHUNK_TOKENS = 64
 WORD = "tok "
 SEND_BUFFER = 16 << 10
+KEEPALIVE_S = 10.0  # on a HandClock: wound by the test, never by the host's pace
 
 
 class FirehoseEngine:
@@ -114,10 +118,17 @@ class MemoryTransport:
 class Peer:
     """An h2 client state machine wired to one H2Handler through a MemoryTransport."""
 
-    def __init__(self, limits: Limits, engine: FirehoseEngine) -> None:
+    def __init__(
+        self, limits: Limits, engine: FirehoseEngine, clock: HandClock | None = None
+    ) -> None:
         self.replica = ReplicaCore(engine, name="bp", limits=limits)
         self.transport = MemoryTransport()
         self.handler = H2Handler(self.replica, self.transport)  # type: ignore[arg-type]
+        if clock is not None:
+            # The connection's clocks on ``clock``: its timers fire when the test winds it, so a
+            # stall of the host between a PING and its ACK cannot pass for an unanswered PING.
+            self.handler.guard.stop()
+            self.handler.guard = ConnectionGuard(limits, cast(Any, clock), self.handler)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self.conn = h2.connection.H2Connection(config)
         self.conn.initiate_connection()
@@ -150,11 +161,6 @@ class Peer:
             elif isinstance(event, h2.events.PingReceived):
                 self.pings.append(event.ping_data)
         return events
-
-    async def next_ping(self) -> bool:
-        """Read until the handler has sent one more PING (bounded, see ``until``)."""
-        seen = len(self.pings)
-        return await until(lambda: self.receive() is not None and len(self.pings) > seen)
 
     def completion(self, max_tokens: int) -> int:
         sid = self.conn.get_next_available_stream_id()
@@ -326,26 +332,31 @@ async def test_pause_writing_holds_data_in_bounded_stream_buffers_and_stops_read
 
 @run
 async def test_keepalive_pings_are_unpredictable_and_acked_pings_keep_the_connection() -> None:
-    peer = Peer(Limits(keepalive_s=0.02), FirehoseEngine())
-    for _ in range(3):
-        assert await peer.next_ping()
+    clock = HandClock()
+    peer = Peer(Limits(keepalive_s=KEEPALIVE_S, idle_timeout_s=0), FirehoseEngine(), clock)
+    for count in range(1, 4):
+        clock.advance(KEEPALIVE_S)  # closes here if the last PING's ACK did not count
+        peer.receive()
+        assert len(peer.pings) == count and not peer.transport.closed
         peer.send()  # h2 answers each PING with its own payload
-    assert len(peer.pings) == 3
     assert all(len(payload) == 8 for payload in peer.pings)
     assert len(set(peer.pings)) == 3, peer.pings
-    assert not peer.transport.closed
 
 
 @run
 async def test_an_ack_with_another_payload_does_not_count() -> None:
-    peer = Peer(Limits(keepalive_s=0.02), FirehoseEngine())
-    assert await peer.next_ping()
+    clock = HandClock()
+    peer = Peer(Limits(keepalive_s=KEEPALIVE_S, idle_timeout_s=0), FirehoseEngine(), clock)
+    clock.advance(KEEPALIVE_S)
+    peer.receive()
+    assert len(peer.pings) == 1
     peer.conn.data_to_send()  # drop h2's own (correct) ACK
     forged = PingFrame(0)
     forged.flags.add("ACK")
     forged.opaque_data = bytes(b ^ 0xFF for b in peer.pings[0])
     peer.handler.data_received(forged.serialize())
-    assert await until(lambda: peer.transport.closed)
+    clock.advance(KEEPALIVE_S)
+    assert peer.transport.closed
     peer.receive()
     assert len(peer.pings) == 1, "the forged ACK counted: the replica sent another PING"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.server_client import H2Client, run, wait_all
+from tests.support.waiting import HANG_GUARD_S
 from zerolayer.accounting import read_jsonl
 from zerolayer.server.cli import check, main, parser
 
@@ -104,6 +105,9 @@ def test_an_address_it_cannot_listen_on_is_one_line() -> None:
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+INFLIGHT_TOKENS = 2000  # some 3 s on the sim's llama-3.2-1b
+
+
 @run
 async def test_sigterm_drains_then_exits(tmp_path: Path) -> None:
     accounting = tmp_path / "usage.jsonl"
@@ -114,22 +118,27 @@ async def test_sigterm_drains_then_exits(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         client = await H2Client.connect("127.0.0.1", port)
-        inflight = client.completion("in flight", max_tokens=60, stream=True)
-        await asyncio.wait_for(inflight.got_data.wait(), 10)
+        # The SIGTERM and a probe must land before this ends, or the drain is over and the
+        # process gone: the sim paces its tokens in real time, so a loaded host only slows it.
+        inflight = client.completion("in flight", max_tokens=INFLIGHT_TOKENS, stream=True)
+        await asyncio.wait_for(inflight.got_data.wait(), 30)
         proc.send_signal(signal.SIGTERM)
         refused = None
-        for _ in range(50):  # the signal lands asynchronously
+        give_up = asyncio.get_running_loop().time() + HANG_GUARD_S
+        while asyncio.get_running_loop().time() < give_up:  # the signal lands asynchronously
+            if client.lost.is_set():
+                break  # exited without refusing a probe
             probe = client.completion("new", max_tokens=2)
-            await wait_all([probe], 5)
+            await wait_all([probe], HANG_GUARD_S)
             if probe.error == "draining":
                 refused = probe
                 break
             await asyncio.sleep(0.01)
         assert refused is not None and refused.status == 503
-        await wait_all([inflight], 10)
+        await wait_all([inflight], HANG_GUARD_S)
         assert inflight.status == 200 and inflight.reset_code is None
         assert inflight.events()[-1] == "[DONE]"
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await asyncio.wait_for(proc.wait(), HANG_GUARD_S) == 0
         await client.close()
     finally:
         if proc.returncode is None:
@@ -137,6 +146,6 @@ async def test_sigterm_drains_then_exits(tmp_path: Path) -> None:
             await proc.wait()
     rows = read_jsonl(accounting)
     completed = [r for r in rows if r["outcome"] == "completed"]
-    assert any(r["completion_tokens"] == 60 for r in completed)
+    assert any(r["completion_tokens"] == INFLIGHT_TOKENS for r in completed)
     assert {r["replica"] for r in rows} == {"cli-replica"}
     assert any(r["error"] == "draining" for r in rows)

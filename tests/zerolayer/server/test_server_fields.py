@@ -3,8 +3,6 @@ logprobs come from engines that have them and are refused by one that has none."
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 
@@ -13,6 +11,7 @@ from serving.engine.streams import VOCAB, token_ids
 from serving.engine.torch_engine import TorchEngine, TorchEngineConfig
 from serving.wire.tokens import request_seed
 from tests.support.server_client import H2Client, run, wait_all
+from tests.support.waiting import eventually
 from zerolayer.server import start_replica
 
 SMALL = {"model_shape": "llama-3.2-1b"}
@@ -45,11 +44,11 @@ async def test_a_stop_string_ends_the_answer_and_the_engines_work(stream: bool) 
         assert last["choices"][0]["finish_reason"] == "stop"
         assert last["choices"][0]["stop_reason"] == stop
         assert last["usage"]["completion_tokens"] < MAX_TOKENS
-        for _ in range(100):  # the engine lets go of the request (abort) without a client
-            if engine.stats().running == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.stats().running == 0 and replica.replica.outcomes["completed"] == 1
+        # The engine lets go of the request (abort) without a client, well before max_tokens
+        # (it would also end by itself at max_tokens, a fraction of a second later).
+        await eventually(lambda: engine.stats().running == 0, "the engine's work ended")
+        assert engine.stats().steps < MAX_TOKENS, "the engine ran on to max_tokens"
+        assert replica.replica.outcomes["completed"] == 1
         await client.close()
     await engine.close()
 

@@ -11,6 +11,7 @@ from serving.engine import NullEngine, SimConfig, SimEngine
 from serving.engine.streams import detokenize, token_ids
 from serving.wire.tokens import count_prompt_tokens, request_seed
 from tests.support.server_client import H2Client, run, wait_all
+from tests.support.waiting import HANG_GUARD_S, eventually
 from zerolayer.scheduler import SchedulerConfig
 from zerolayer.server import start_replica
 from zerolayer.server.limits import Limits
@@ -107,8 +108,7 @@ async def test_queue_full_refusal_on_headers_alone() -> None:
         running = client.completion("first", max_tokens=5000, stream=True)
         await asyncio.wait_for(running.got_data.wait(), 5)
         queued = client.completion("second", max_tokens=2)
-        await asyncio.sleep(0.05)
-        assert len(replica.replica.queue) == 1
+        await eventually(lambda: len(replica.replica.queue) == 1, "the second request queued")
         body = orjson.dumps({"prompt": "z" * (511 * 1024), "max_tokens": 4})
         refused = client.request(
             "/v1/completions", body, headers=[("zl-prompt-tokens", "130816"),
@@ -132,19 +132,22 @@ async def test_deadline_expiring_mid_stream() -> None:
     engine = SimEngine(SimConfig(**SMALL))
     async with await start_replica(engine) as replica:
         client = await H2Client.connect("127.0.0.1", replica.port)
+        # The first token must come within the deadline (else a 504, not a cut stream): 2 s is
+        # far past any first token, and 5000 tokens take the sim over 7 s, so the cut is mid-way.
         stream = client.completion(
-            "slow", max_tokens=5000, stream=True, headers=[("zl-deadline-ms", "300")]
+            "slow", max_tokens=5000, stream=True, headers=[("zl-deadline-ms", "2000")]
         )
-        await wait_all([stream], 5)
+        await wait_all([stream], HANG_GUARD_S)
         assert stream.status == 200
         assert stream.reset_code == CANCEL
         events = stream.events()
         assert len(events) >= 2
         assert events[-1]["error"]["code"] == "deadline_exceeded"
         assert "[DONE]" not in events
-        await asyncio.sleep(0.05)
-        assert engine.stats().running == 0
-        assert engine.kv.used_blocks == 0
+        await eventually(
+            lambda: engine.stats().running == 0 and engine.kv.used_blocks == 0,
+            "the engine let go of the cut request",
+        )
         assert replica.replica.failures["deadline_exceeded"] == 1
         await client.close()
     await engine.close()
@@ -176,11 +179,7 @@ async def test_client_reset_aborts_the_engine_request() -> None:
         await asyncio.wait_for(stream.got_data.wait(), 5)
         assert engine.stats().running == 1
         client.reset(stream)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if engine.stats().running == 0:
-                break
-        assert engine.stats().running == 0
+        await eventually(lambda: engine.stats().running == 0, "the engine request aborted")
         assert engine.kv.used_blocks == 0
         assert replica.replica.active == 0
         assert replica.replica.outcomes["cancelled"] == 1
@@ -270,8 +269,7 @@ async def test_strict_priority_then_earliest_deadline_first() -> None:
                 name, max_tokens=1, headers=[("zl-priority", priority),
                                              ("zl-deadline-ms", deadline)]
             )  # fmt: skip
-        await asyncio.sleep(0.05)
-        assert len(replica.replica.queue) == 4
+        await eventually(lambda: len(replica.replica.queue) == 4, "all four requests queued")
         client.reset(hog)
 
         async def note(name: str) -> None:
@@ -307,15 +305,16 @@ async def test_kv_watermark_refuses_low_before_normal() -> None:
 
 @run
 async def test_ping_is_answered_and_keepalive_pings_the_client() -> None:
-    async with await start_replica(NullEngine(), limits=Limits(keepalive_s=0.05)) as replica:
+    # A PING unanswered for keepalive_s closes the connection: 0.5 s is far past the few loop
+    # turns an ACK takes, even on a loaded host (test_server_backpressure winds it by hand).
+    async with await start_replica(NullEngine(), limits=Limits(keepalive_s=0.5)) as replica:
         client = await H2Client.connect("127.0.0.1", replica.port)
         client.ping()
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if client.pings_received >= 2:
-                break
-        assert client.pings_received >= 2
+        await eventually(
+            lambda: client.pings_received >= 2 or client.lost.is_set(), "two keepalive PINGs"
+        )
         assert not client.lost.is_set()
+        assert client.pings_received >= 2
         await client.close()
 
 
@@ -392,7 +391,7 @@ async def test_responses_larger_than_the_client_window_wait_for_window_updates()
         client = await H2Client.connect("127.0.0.1", replica.port, window=65_535)
         big = [client.completion(f"big {i}", max_tokens=30_000) for i in range(3)]
         streamed = client.completion("big stream", max_tokens=30_000, stream=True)
-        await wait_all([*big, streamed], 10)
+        await wait_all([*big, streamed], HANG_GUARD_S)  # several seconds on a loaded host
         for i, stream in enumerate(big):
             assert len(stream.data) > 3 * 65_535
             assert stream.json()["choices"][0]["text"] == expected_text(f"big {i}", 30_000)

@@ -3,53 +3,11 @@ clocks, driven by a hand-wound clock instead of an event loop."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, cast
 
+from tests.support.waiting import HandClock
 from zerolayer.server.h2guard import IDLE_CHECKS, PING_PAYLOAD_BYTES, ConnectionGuard
 from zerolayer.server.limits import Limits
-
-
-class Handle:
-    def __init__(self, when: float, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self.when = when
-        self.callback = callback
-        self.args = args
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class Clock:
-    """The loop methods the guard uses; ``advance`` fires what falls due, in order."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.handles: list[Handle] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., None], *args: Any) -> Handle:
-        handle = Handle(when, callback, args)
-        self.handles.append(handle)
-        return handle
-
-    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> Handle:
-        return self.call_at(self.now + delay, callback, *args)
-
-    def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while True:
-            due = [h for h in self.handles if not h.cancelled and h.when <= end]
-            if not due:
-                break
-            handle = min(due, key=lambda h: h.when)
-            self.handles.remove(handle)
-            self.now = max(self.now, handle.when)
-            handle.callback(*handle.args)
-        self.now = end
 
 
 class Connection:
@@ -86,8 +44,8 @@ class Upload:
         self.refused.append(error.code)
 
 
-def guard(limits: Limits) -> tuple[ConnectionGuard, Clock, Connection]:
-    clock, conn = Clock(), Connection()
+def guard(limits: Limits) -> tuple[ConnectionGuard, HandClock, Connection]:
+    clock, conn = HandClock(), Connection()
     return ConnectionGuard(limits, cast(Any, clock), conn), clock, conn
 
 
