@@ -100,7 +100,7 @@ def concurrently(jobs: list[Any]) -> list[Reply]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(TIMEOUT_S * 2)
+        thread.join(HANG_S + 5)
     assert all(r is not None for r in replies), "a client thread hung"
     return [r for r in replies if r is not None]
 
@@ -582,16 +582,17 @@ def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
     prompt = "p" * (4 * 12_000)  # ~12k tokens: a prefill long enough to kill the replica in
     jobs = [
         (port, "/v1/completions", {"prompt": f"{i}{prompt}", "max_tokens": 4, "stream": True},
-         {"zl-session": f"kill-{i}"})
+         {"zl-session": f"kill-{i}"}, HANG_S)
         for i in range(10)
     ]  # fmt: skip
     replies: list[Reply] = []
     runner = threading.Thread(target=lambda: replies.extend(concurrently(jobs)))
     runner.start()
-    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 10, 10, "dispatch")
+    # Hang guards only: on a loaded host dispatching ten 12k-token prefills took past 10 s (CI).
+    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 10, HANG_S, "dispatch")
     time.sleep(0.1)
     os.kill(victim, signal.SIGKILL)
-    runner.join(TIMEOUT_S * 3)
+    runner.join(HANG_S + 10)
     assert len(replies) == 10
     assert [r.status for r in replies] == [200] * 10, [r.body[:200] for r in replies]
     for events in (r.events() for r in replies):
