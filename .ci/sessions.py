@@ -1,6 +1,7 @@
 """CI's own bookkeeping: each nox session timed (wall, the CPU of its processes, the host's busy
-CPU over the same span), and at the end a table of those and the ten slowest tests of all
-sessions, read from each session's JUnit XML, so that the next change sees what it cost.
+CPU over the same span), and at the end a table of those, the ten slowest tests of all
+sessions (read from each session's JUnit XML) and the ten that spent the most CPU (the lines
+tests/conftest.py writes into OUT/cpu-SESSION/), so that the next change sees what it cost.
 
 ``python3 .ci/sessions.py run NAME OUT -- COMMAND...`` runs COMMAND and appends its timing to
 OUT/sessions.jsonl (its exit status is the command's); ``python3 .ci/sessions.py report OUT``
@@ -62,6 +63,17 @@ def slowest(out: Path) -> list[tuple[float, str, str]]:
     return sorted(cases, reverse=True)
 
 
+def most_cpu(out: Path) -> list[tuple[float, float, str, str]]:
+    """Every test's (CPU seconds, wall seconds, session, test id), the most CPU first."""
+    tests = []
+    for path in sorted(out.glob("cpu-*/*.jsonl")):
+        session = path.parent.name.removeprefix("cpu-")
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            tests.append((row["cpu_s"], row["wall_s"], session, row["test"]))
+    return sorted(tests, reverse=True)
+
+
 def report(out: Path) -> int:
     rows = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     print("\nCI sessions (wall; CPU of the session's own processes; the host's busy CPU):")
@@ -78,6 +90,13 @@ def report(out: Path) -> int:
     print(f"\nThe {SLOWEST} slowest tests (setup, call and teardown):")
     for seconds, session, test in slowest(out)[:SLOWEST]:
         print(f"  {seconds:7.1f} s  {session:<8} {test}")
+    costly = most_cpu(out)
+    if costly:
+        counted = sum(cpu for cpu, *_ in costly)
+        print(f"\nThe {SLOWEST} tests that spent the most CPU (their own process and the ones it")
+        print(f"waited for; {counted:.0f} s counted over all tests, Ray's unwaited daemons not):")
+        for cpu, wall, session, test in costly[:SLOWEST]:
+            print(f"  {cpu:7.1f} s cpu {wall:7.1f} s wall  {session:<8} {test}")
     return 0
 
 

@@ -1,11 +1,17 @@
 """What every test shares: hypothesis without its per-example deadline, the second tiny model the
-real-vLLM tests run on (``short_model``, built once a session), and the order of the files.
+real-vLLM tests run on (``short_model``, built once a session), the order of the files, and,
+where ``ZL_TEST_CPU_DIR`` names a directory (CI sets it), each test's CPU time beside its wall time.
 
 The machines tests run on are shared and noisy (two cores, other work beside), so a fixed 200 ms
 allowance per example measures the host, not the code: a property test fails on a wrong answer,
 never on a slow one (pytest-timeout still bounds a test that hangs).
 """
 
+import json
+import os
+import resource
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +36,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     once instead of last, when nothing is left to run beside it."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+CPU_DIR = os.environ.get("ZL_TEST_CPU_DIR")
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the processes it has waited for (a CLI a test ran,
+    a Ray that a stand-up started and stopped), user and system."""
+    own, waited = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """One line per test (setup, call and teardown: a module fixture is counted where it is set up
+    and torn down) in ``ZL_TEST_CPU_DIR``, one file per worker: what a test costs the cores, which
+    its wall time on a shared host does not say (.ci/sessions.py prints the most costly)."""
+    if not CPU_DIR:
+        yield
+        return
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu, 2)}
+    line["wall_s"] = round(time.monotonic() - wall, 2)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(CPU_DIR).mkdir(parents=True, exist_ok=True)
+    with (Path(CPU_DIR) / f"{worker}-{os.getpid()}.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -257,7 +257,14 @@ SERVE_CONSTANTS: Final = (
     "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING",
     "RAY_SERVE_SESSION_ID_HEADER_KEY",
     "SERVE_SESSION_ID",
+    "PROXY_READY_CHECK_TIMEOUT_S",
 )
+# Serve's controller kills a proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
+# (5 s by default) of its start, and ``serve.start`` then fails on that proxy's ActorDiedError
+# ("killed by ray.kill"): on a loaded host a new worker process takes longer than that to import
+# Serve's HTTP stack. A Ray started here gives the proxy this long (a proxy ready in time is not
+# affected); the value a cluster's workers see is in the metadata's ``serve_constants``.
+PROXY_READY_CHECK_S: Final = "60"
 
 
 def serve_constants() -> dict[str, Any]:

@@ -22,6 +22,7 @@ from baselines.rayserve.config import (
     APP_NAME,
     ENGINE_NAME,
     INGRESS_NAME,
+    PROXY_READY_CHECK_S,
     BaselineConfig,
     BaselineRouter,
     serve_constants,
@@ -52,7 +53,8 @@ def init_ray(
     environment, which a Ray started here passes on to the controller, proxy and replicas.
     ``serve_env`` are further variables a Ray started here passes on (this process's own
     environment is left as it was). ``num_cpus`` is Ray's bookkeeping for a local Ray, not the
-    cores its processes may use.
+    cores its processes may use. A Ray started here waits ``PROXY_READY_CHECK_S`` for Serve's
+    proxy to start (config.py says why) unless the environment sets its own.
     """
     import ray
 
@@ -62,6 +64,7 @@ def init_ray(
     if ray_address:
         ray.init(address=ray_address, log_to_driver=False)
         return False
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_CHECK_S)
     if throughput_optimized is not None:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
     with environment(serve_env or {}):

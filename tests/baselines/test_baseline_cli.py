@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import orjson
 import psutil
@@ -35,14 +36,16 @@ def _post(port: int, session: str) -> tuple[int, bytes]:
     ("stop_signal", "throughput_optimized"), [(signal.SIGINT, False), (signal.SIGTERM, True)]
 )
 def test_cli_serves_then_stops_leaving_no_ray_process(
-    stop_signal: signal.Signals, throughput_optimized: bool
+    stop_signal: signal.Signals, throughput_optimized: bool, tmp_path: Path
 ) -> None:
     port = free_port()
+    stderr = tmp_path / "stderr.txt"
     cmd = [
         sys.executable, "-m", "baselines.rayserve.cli", "--engine", "null", "--replicas", "2",
         "--port", str(port), "--router", "pow2", "--metadata",
     ] + (["--throughput-optimized"] if throughput_optimized else [])  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -58,7 +61,8 @@ def test_cli_serves_then_stops_leaving_no_ray_process(
     reader.start()
     family: list[psutil.Process] = []
     try:
-        assert ready.wait(START_TIMEOUT_S), "zl-baseline did not start"
+        started = ready.wait(START_TIMEOUT_S) and lines
+        assert started, f"zl-baseline did not start ({proc.poll()}): {stderr.read_text()[-3000:]}"
         assert f"zl-baseline listening on http://127.0.0.1:{port}" in lines[-1], lines[-3:]
         metadata = orjson.loads(lines[-2])
         assert metadata["router"] == "pow2" and metadata["engine"] == "null"

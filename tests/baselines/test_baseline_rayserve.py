@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from baselines.rayserve import BaselineHandle, start_baseline
-from baselines.rayserve.config import TenantBudget
+from baselines.rayserve.config import PROXY_READY_CHECK_S, TenantBudget
 from serving.engine import EngineRequest, make_engine
 from serving.wire.tokens import count_prompt_tokens, request_seed
 from tests.support.replica_thread import replica_in_thread
@@ -165,6 +165,8 @@ def test_health_models_and_metadata(baseline: BaselineHandle, port: int) -> None
     assert meta["router_kwargs"] == {"num_virtual_nodes": 100, "num_fallback_replicas": 2}
     assert meta["serve_constants"]["SERVE_SESSION_ID"]  # as a worker of the cluster sees it
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" in meta["serve_constants"]
+    # a proxy slow to start on a loaded host is waited for, not killed mid-stand-up
+    assert meta["serve_constants"]["PROXY_READY_CHECK_TIMEOUT_S"] == float(PROXY_READY_CHECK_S)
     pids = baseline.pids()
     assert len(pids["engine"]) == 2 and len(pids["ingress"]) == 1
     assert pids["proxy"] and pids["controller"]

@@ -28,7 +28,11 @@ def test_capacity_writes_a_row_per_run(tmp_path: Path, capsys: pytest.CaptureFix
         ("native", 0), ("native", 1), ("k6-http1", 0), ("k6-http1", 1)
     ]  # fmt: skip
     for row in rows:
-        assert row["completed"] == row["scheduled"] == 40
+        assert row["scheduled"] == 40
+        # Every request completes, unless k6 itself fell behind on a busy host and dropped an
+        # iteration: then the row names the drop and the rate is never called sustained.
+        dropped = any("dropped" in reason for reason in row["invalid_reasons"])
+        assert row["completed"] == 40 or (dropped and not row["sustained"]), row
         # A run is only called sustained when it is also valid by the lag rule it applies.
         assert not row["sustained"] or row["p99_lag_ms"] < 2.0
         # Null-engine runs judge lag by the absolute 1 ms rule only (no % of median rule).
