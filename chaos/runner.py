@@ -280,6 +280,9 @@ def run_one(
         return absent_row(stack, name, role, trial)
     experiment["configuration"] = {**experiment.get("configuration", {}), **conf}
     ensure_experiment_is_valid(experiment)
+    # On a whole stack: Serve may be replacing a replica that missed its health checks on a
+    # busy host since the last experiment's rollbacks, and a hypothesis taken then measures that.
+    wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
     speed = cpu_speed()
     seen = SignalSeen()
     journal = run_experiment(experiment, settings=SETTINGS, event_handlers=[seen])

@@ -68,7 +68,8 @@ def test_smoke_bench_runs_every_profile_on_both_stacks(tmp_path: Path) -> None:
             assert row["lost"] == 0, (row["stack"], row["profile"])
     recovery = orjson.loads((run / schema.CHAOS_DIR / "recovery.json").read_bytes())
     assert {r["stack"] for r in recovery} == {"zerolayer", "baseline"}
-    assert all(r["rollbacks_ok"] for r in recovery)
+    failed = [(r["stack"], r["experiment"]) for r in recovery if not r["rollbacks_ok"]]
+    assert not failed, f"rollbacks that did not finish: {failed}"
     assert all(r["lost"] == 0 for r in recovery if r["stack"] == "zerolayer")
     (fault_row,) = (r for r in summary if (r["stack"], r["profile"]) == ("baseline", FAULT))
     assert fault_row["lost"] == sum(r["lost"] for r in recovery if r["stack"] == "baseline")

@@ -79,8 +79,10 @@ def run_and_check(
     assert journal["rollbacks"], "rollbacks did not run"
     assert all(r["status"] == "succeeded" for r in journal["rollbacks"]), journal["rollbacks"]
     assert row.rollbacks_ok
-    assert probes.all_alive(probes.replicas(conf)), probes.replicas(conf)
+    # Whole again within the recovery allowance, then every replica alive: on a busy host Serve
+    # may replace a replica that missed its health checks just after the rollbacks ended.
     wait_ready(runner.chaos_settings(profile).recover_timeout_s, conf)
+    assert probes.all_alive(probes.replicas(conf)), probes.replicas(conf)
 
     records = read_requests(chaos_dir / requests_file(stack.name, f"d_fault-{name}"))
     assert records and row.requests == len(records)
