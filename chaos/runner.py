@@ -141,11 +141,9 @@ def for_engine(settings: ChaosSettings, engine: str) -> ChaosSettings:
 
 def for_host(settings: ChaosSettings, stand_up_s: float | None) -> ChaosSettings:
     """The settings, with recovery bounded by no less than :data:`RECOVERY_PER_STAND_UP` times
-    the stack took to stand up on this host (``stand_up_s``, its metadata's). Recovering (Serve
-    replacing an actor, a replica restarting) is a part of standing up, done at the pace the
-    host starts processes at now, and a host loaded by other work starts them slower than the
-    one the scale was sized on (CI saw the baseline not whole 15 s after a kill on a busy
-    machine). The wait still ends as soon as the stack is whole; only its cap grows."""
+    the stack took to stand up on this host (``stand_up_s``, its metadata's): recovering is
+    standing up again, at the pace this host starts processes at now (CI saw the baseline not
+    whole 15 s after a kill on a busy machine). The wait ends when the stack is whole."""
     if stand_up_s is None:
         return settings
     bound_s = round(RECOVERY_PER_STAND_UP * stand_up_s, 1)
@@ -280,8 +278,7 @@ def run_one(
         return absent_row(stack, name, role, trial)
     experiment["configuration"] = {**experiment.get("configuration", {}), **conf}
     ensure_experiment_is_valid(experiment)
-    # On a whole stack: Serve may be replacing a replica that missed its health checks on a
-    # busy host since the last experiment's rollbacks, and a hypothesis taken then measures that.
+    # Serve may still be replacing a replica that missed health checks on a busy host.
     wait_ready(sc.recover_timeout_s, {"target_file": str(target_file)})
     speed = cpu_speed()
     seen = SignalSeen()
