@@ -6,6 +6,7 @@ replica's CPU per token against a stored baseline), ``overhead`` and ``fidelity`
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,13 +17,16 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 # The CPU build of PyTorch this machine keeps on disk; a looser range pulls a multi-GB CUDA build.
 TORCH_CPU = "torch==2.13.0"
-# Test files spread over one worker per core (at most four: each may start a local Ray of its
-# own), a file to a worker (its module fixtures set up once). Twice as many workers made the
-# session slower, not faster: CPU, not waiting, bounds it (a fresh-clone CI: 1,281 s with four
-# workers on two cores against 1,158 s with two). Files run in the order tests/conftest.py gives
-# them, the slow ones first (pytest-xdist's own reorder puts the files with the most tests first,
-# and the longest single test then starts last).
-PARALLEL = ("--numprocesses=auto", "--maxprocesses=4", "--dist=loadfile", "--no-loadscope-reorder")
+# Test files spread over two workers per core, at most four (each may start a local Ray of its
+# own), a file to a worker (its module fixtures set up once). The tests wait more than they
+# compute (a quiet 2-core host was 56 % busy with one worker per core): two per core took the
+# session from 684 s to 526 s there, at the same CPU. Files run in the order tests/conftest.py
+# gives them, the slow ones first (pytest-xdist's own reorder puts the files with the most tests
+# first, and the longest single test then starts last), and the README's run alone on its worker.
+CORES = os.cpu_count() or 1
+PARALLEL = (f"--numprocesses={min(4, 2 * CORES)}", "--dist=loadfile", "--no-loadscope-reorder")
+# The real-vLLM tests: one worker per core, at most two (each file starts engines of a few GB).
+VLLM_PARALLEL = (f"--numprocesses={min(2, CORES)}", "--dist=loadfile", "--no-loadscope-reorder")
 
 
 @nox.session(python=PYTHON)
@@ -113,6 +117,7 @@ def vllm(session: nox.Session) -> None:
         "pytest",
         "-m",
         "vllm",
+        *VLLM_PARALLEL,
         *session.posargs,
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )

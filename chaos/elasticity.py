@@ -39,10 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
 from baselines.rayserve.config import REQUESTS_PREFIX
-from chaos.elastic import Change
+from chaos.elastic import Change, request_times
 from chaos.probes import NS
 from chaos.recovery import method_actions
 from harness.schema import RequestRecord
@@ -116,23 +114,6 @@ def needless_share(row: ElasticityRow) -> float | None:
     """The claim's figure: the share of sessions that did not have to move but did."""
     moved, could_stay = needless_moves(row)
     return moved / could_stay if could_stay else None
-
-
-def request_times(path: str | Path) -> list[tuple[int, str]]:
-    """(time received, session) of every request in a replica's own log: a zero-layer
-    accounting file (``start_ns``) or a baseline engine replica's request log (``request``
-    events)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        row = orjson.loads(line)
-        if "start_ns" in row:
-            out.append((int(row["start_ns"]), str(row.get("session") or "")))
-        elif row.get("event") == "request":
-            out.append((int(row["t_ns"]), str(row.get("session") or "")))
-    return sorted(out)
 
 
 def client_routed(records: Iterable[RequestRecord]) -> list[Routed]:

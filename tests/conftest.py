@@ -13,9 +13,13 @@ import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 from hypothesis import settings
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
+from xdist.workermanage import WorkerController
 
 from tests.support.models import write_short_model
 
@@ -30,12 +34,36 @@ def short_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_short_model(tmp_path_factory.mktemp("short-model") / "tiny-2k")
 
 
+ALONE: Final = ("tests/bench/test_readme_bench.py",)
+"""Files whose worker takes no other file while it runs them: the README's run waits for minutes
+at a fifth of a core, and a file queued behind it on its worker (pytest-xdist queues two) would
+finish last, with the other workers idle."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that hold a ``slow`` test first, the rest in their usual order: the test session
-    hands whole files to its workers in this order (noxfile.py), so a file of minutes starts at
-    once instead of last, when nothing is left to run beside it."""
+    """The files of :data:`ALONE` first, then those that hold a ``slow`` test, the rest in their
+    usual order: the test session hands whole files to its workers in this order (noxfile.py), so
+    a file of minutes starts at once instead of last, when nothing is left to run beside it."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    items.sort(
+        key=lambda item: (item.nodeid.split("::")[0] not in ALONE, item.path not in slow_files)
+    )
+
+
+class LoadFileAlone(LoadFileScheduling):
+    """pytest-xdist's whole-file scheduling, except that a worker running a file of
+    :data:`ALONE` is given nothing more until that file is done."""
+
+    def _reschedule(self, node: WorkerController) -> None:
+        work = self.assigned_work.get(node, {})
+        if any(scope in ALONE and not all(done.values()) for scope, done in work.items()):
+            return
+        super()._reschedule(node)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileAlone | None:
+    """:class:`LoadFileAlone` for ``--dist=loadfile`` (the test sessions'), xdist's own else."""
+    return LoadFileAlone(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 CPU_DIR = os.environ.get("ZL_TEST_CPU_DIR")

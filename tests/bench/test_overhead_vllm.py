@@ -65,8 +65,13 @@ def test_three_stacks_serve_exact_streams_and_get_a_verdict(
         # every target's server includes vLLM's engine core: it spends CPU on every token
         assert r["server_cpu_us_per_token"] > 0, (target, n)
         if target != "inproc":
-            assert 0 < r["layer_cpu_s"] < r["server_cpu_s"], (target, n)
+            # a level of 1 s at one in flight may cost the layer less than one clock tick (10 ms)
+            # on a busy host: each level's figure is bounded, their sum is counted
+            assert 0 <= r["layer_cpu_s"] < r["server_cpu_s"], (target, n)
             assert r["added_e2el_p50_ms"] is not None
+    for target in TARGETS:
+        if target != "inproc":
+            assert sum(by[target, n]["layer_cpu_s"] for n in LEVELS) > 0, target
     assert doc["workload"]["cpu_layout"] is not None, "every engine on the layout's cores"
     peer, floor = doc["verdict"]
     assert peer.startswith("verdict: zerolayer against vllm-serve, vLLM's own server")

@@ -94,7 +94,7 @@ def test_a_loader_pushed_past_its_own_capacity_marks_its_points_invalid(tmp_path
         [
             *SWEEP,
             *("--scale", "smoke", "--stacks", "zerolayer", "--engine", "null", "--replicas", "1"),
-            *("--rates", "200000", "--point-duration-s", "0.2", "--repeats", "1"),
+            *("--rates", "200000", "--point-duration-s", "0.02", "--repeats", "1"),
             *("--out", str(tmp_path)),
         ],
         capture_output=True,

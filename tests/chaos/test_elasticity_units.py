@@ -4,6 +4,7 @@ baseline engine replica's log)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.elastic import Change, _joining_command
+from chaos.elastic import Change, _joining_command, _wait_first_request, request_times
 from chaos.elasticity import (
     Routed,
     TrialInputs,
@@ -21,7 +22,6 @@ from chaos.elasticity import (
     learned_after_ns,
     needless_share,
     recovery_s,
-    request_times,
     session_moves,
 )
 from harness.schema import RequestRecord
@@ -83,6 +83,20 @@ def test_request_logs_of_both_stacks_are_read_alike(tmp_path: Path) -> None:
     assert request_times(engine) == [(T0 + 5, "s9"), (T0 + 10 * S, "late")]
     assert request_times(tmp_path / "none.jsonl") == []
     assert engine_routed(tmp_path, T0, T0 + S) == [Routed(T0 + 5, "s9", "pid41")]
+
+
+def test_a_join_returns_once_the_new_replica_took_a_request(tmp_path: Path) -> None:
+    """The hold before the leave counts from the joined replica's first request: the wait ends
+    on that line in its log (written from another thread here), or at its bound without one."""
+    log = tmp_path / "accounting-zl-2.jsonl"
+    log.write_bytes(orjson.dumps({"event": "ready", "t_ns": T0}) + b"\n")
+    first = orjson.dumps({"start_ns": T0 + 1, "session": "s1"}) + b"\n"
+    writer = threading.Timer(0.05, lambda: log.write_bytes(log.read_bytes() + first))
+    writer.start()
+    _wait_first_request(str(log), timeout_s=600)
+    writer.join()
+    assert request_times(log) == [(T0 + 1, "s1")]
+    _wait_first_request(str(tmp_path / "never.jsonl"), timeout_s=0.1)  # no request: no error
 
 
 def test_a_joining_replica_gets_its_own_port_name_and_accounting() -> None:
