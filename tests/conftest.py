@@ -35,9 +35,9 @@ def short_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 ALONE: Final = ("tests/bench/test_readme_bench.py",)
-"""Files whose worker takes no other file while it runs them: the README's run waits for minutes
-at a fifth of a core, and a file queued behind it on its worker (pytest-xdist queues two) would
-finish last, with the other workers idle."""
+"""Files whose worker runs nothing else: the README's run waits for minutes at a fifth of a core,
+and a file queued behind it on its worker (pytest-xdist queues two) would finish last, with the
+other workers idle."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,12 +51,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class LoadFileAlone(LoadFileScheduling):
-    """pytest-xdist's whole-file scheduling, except that a worker running a file of
-    :data:`ALONE` is given nothing more until that file is done."""
+    """pytest-xdist's whole-file scheduling, except that a worker given a file of :data:`ALONE`
+    is told to stop after it, where another worker is left for the rest (a worker runs its last
+    test only once it has a next one or that word: it cannot simply be left without more)."""
 
     def _reschedule(self, node: WorkerController) -> None:
-        work = self.assigned_work.get(node, {})
-        if any(scope in ALONE and not all(done.values()) for scope, done in work.items()):
+        alone = set(self.assigned_work.get(node, {})) & set(ALONE)
+        if alone and len(self.nodes) > 1 and not node.shutting_down:
+            node.shutdown()
             return
         super()._reschedule(node)
 
