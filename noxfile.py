@@ -24,9 +24,10 @@ TORCH_CPU = "torch==2.13.0"
 # gives them, the slow ones first (pytest-xdist's own reorder puts the files with the most tests
 # first, and the longest single test then starts last), and the README's run alone on its worker.
 CORES = os.cpu_count() or 1
-PARALLEL = (f"--numprocesses={min(4, 2 * CORES)}", "--dist=loadfile", "--no-loadscope-reorder")
+BY_FILE = ("--dist=loadfile", "--no-loadscope-reorder")
+PARALLEL = (f"--numprocesses={min(4, 2 * CORES)}", *BY_FILE)
 # The real-vLLM tests: one worker per core, at most two (each file starts engines of a few GB).
-VLLM_PARALLEL = (f"--numprocesses={min(2, CORES)}", "--dist=loadfile", "--no-loadscope-reorder")
+VLLM_PARALLEL = (f"--numprocesses={min(2, CORES)}", *BY_FILE)
 
 
 @nox.session(python=PYTHON)
