@@ -44,6 +44,8 @@ def run(name: str, out: Path, command: list[str]) -> int:
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
         "host_busy_s": round(host_busy_s() - busy0, 1),
+        "host_busy_from_s": round(busy0, 1),
+        "host_busy_to_s": round(host_busy_s(), 1),
         "cores": os.cpu_count(),
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -85,8 +87,13 @@ def report(out: Path) -> int:
             f" ({share:.0%} of {r['cores']} cores)"
         )
     span = max(r["started"] + r["wall_s"] for r in rows) - min(r["started"] for r in rows)
+    busy = max(r["host_busy_to_s"] for r in rows) - min(r["host_busy_from_s"] for r in rows)
+    cores = rows[0]["cores"]
     whole = f"  {'all of them':<18}          wall {span:7.1f} s"
-    print(f"{whole} (from the first start to the last end)")
+    print(
+        f"{whole}{'':19}host busy {busy:7.1f} s ({busy / (span * cores):.0%} of {cores} cores)"
+        " from the first start to the last end; sessions that overlap share the host's figure"
+    )
     print(f"\nThe {SLOWEST} slowest tests (setup, call and teardown):")
     for seconds, session, test in slowest(out)[:SLOWEST]:
         print(f"  {seconds:7.1f} s  {session:<8} {test}")
