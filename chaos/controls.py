@@ -3,7 +3,9 @@
 Declared in an experiment as ``{"name": "load", "provider": {"type": "python",
 "module": "chaos.controls"}}``. Before the experiment: the native loader starts profile D's load
 (profile A's requests, open loop) against the target in a background thread, the telemetry
-sampler starts, and both run for a warm-up so the first hypothesis has a full SLI window. The
+sampler starts, and both run for a warm-up so the first hypothesis has a full SLI window: at least
+``warmup_s``, and on until the window holds an answer (a loaded host answers the first requests
+later than a quiet one; ``WARMUP_LIMIT_S`` is the hang guard, and the hypothesis then fails). The
 method and rollbacks are marked as phases (``fault``, ``recovery``) in ``phases.jsonl``. After
 the experiment (rollbacks included): a tail of load, then the load stops and every request still
 in flight ends as completed, error or lost, and telemetry stops. The host's CPU from the start of
@@ -34,6 +36,7 @@ from typing import Any, Final, overload
 import psutil
 
 from chaos.actions import live_pids
+from chaos.probes import sli
 from chaos.targets import Target, load_target
 from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
 from harness.loaders.native import run_schedule
@@ -66,6 +69,8 @@ def psutil_cpu_times() -> list[Any]:
 
 TELEMETRY_INTERVAL_S: Final = 0.25
 STOP_MARGIN_S: Final = 10.0
+WARMUP_LIMIT_S: Final = 120.0
+WARMUP_POLL_S: Final = 0.1
 
 
 class StoppableSchedule(Sequence[PlannedRequest]):
@@ -287,8 +292,21 @@ def before_experiment_control(
         phases.begin("warmup", experiment=title)
     load.start()
     time.sleep(float(conf.get("warmup_s", 2.0)))
+    until_the_window_holds_an_answer(conf)
     if phases is not None:
         phases.begin("steady", experiment=title)
+
+
+def until_the_window_holds_an_answer(
+    conf: dict[str, Any], limit_s: float = WARMUP_LIMIT_S
+) -> float:
+    """Wait until the rolling SLI (``chaos.probes.sli``) has a request to judge, or ``limit_s``;
+    the seconds waited. An empty window is no steady state to test, only a host still slow to
+    answer the load's first requests."""
+    start = time.monotonic()
+    while sli(conf)["requests"] == 0 and time.monotonic() - start < limit_s:
+        time.sleep(WARMUP_POLL_S)
+    return time.monotonic() - start
 
 
 def before_method_control(context: dict[str, Any], **_: Any) -> None:

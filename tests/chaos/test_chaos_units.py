@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos import actions, netproxy, probes, recovery
-from chaos.controls import StoppableSchedule, engine_source
+from chaos.controls import StoppableSchedule, engine_source, until_the_window_holds_an_answer
 from chaos.pressure import kv_prompt
 from chaos.runner import add_arguments, chaos_settings, fault_target, run_command
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
@@ -29,7 +29,7 @@ from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import load_profile
 from harness.promptfit import target_tokens
-from harness.schema import RequestRecord, to_data
+from harness.schema import JsonlWriter, RequestRecord, to_data
 from harness.stacks import StackName, StackSpec, stack_kind, stand_up
 from harness.workload import make_prompt
 from serving.engine.tokenrules import BYTES_RULE
@@ -242,6 +242,28 @@ def test_judge_knows_a_late_request_at_its_slo_not_at_its_end() -> None:
     assert good.good and good.known_ns == T0 + int(0.3 * NS)
     failed = probes.judge(record(2, 0.0, None, "error", end_s=0.05), slo_ttft_ms=1000)
     assert not failed.good and failed.known_ns == T0 + int(0.05 * NS)
+
+
+def test_the_warmup_lasts_until_the_sli_window_holds_an_answer(tmp_path: Path) -> None:
+    """The first hypothesis meets a window with an answer in it, however late the host gave
+    the first one: the warm-up ends on the event (a record known within the window), and an
+    empty log keeps it waiting until its limit."""
+    conf = {"requests_path": str(tmp_path / "requests.jsonl"), "sli_window_s": 60.0}
+    written = threading.Event()
+
+    def answer_later() -> None:
+        time.sleep(0.3)
+        now_s = (time.time_ns() - T0) / NS
+        with JsonlWriter(conf["requests_path"]) as out:
+            out.write(record(0, now_s - 0.2, 0.1))
+        written.set()
+
+    threading.Thread(target=answer_later, daemon=True).start()
+    until_the_window_holds_an_answer(conf, limit_s=600.0)
+    assert written.is_set() and probes.sli(conf)["requests"] == 1
+    empty = {"requests_path": str(tmp_path / "none.jsonl"), "sli_window_s": 60.0}
+    waited = until_the_window_holds_an_answer(empty, limit_s=0.2)
+    assert waited >= 0.2 and probes.sli(empty)["requests"] == 0
 
 
 def synthetic_run() -> tuple[list[RequestRecord], dict]:
