@@ -20,6 +20,7 @@ from serving.engine.torch_engine import TorchEngine, TorchEngineConfig  # noqa: 
 from serving.engine.torch_engine.model import SHAPES, build_model  # noqa: E402
 from serving.engine.torch_engine.prompt import prompt_token_ids  # noqa: E402
 
+TORCH_READY_GUARD_S = 300.0
 TINY = {"model_shape": "tiny", "device": "cpu"}
 
 
@@ -245,7 +246,9 @@ def test_replica_streams_the_torch_engines_tokens_over_h2c() -> None:
     prompt = "tell me about paging"
     options = ["--engine-option", "model_shape=tiny", "--engine-option", "device=cpu",
                "--engine-option", "kv_layout=paged"]  # fmt: skip
-    replica = ReplicaProcess("torch", extra_args=options)
+    # A hang guard: torch's import and the tiny model's build took past the 60 s default beside
+    # three busy test workers and two busy loops (nox -s tests-under-load).
+    replica = ReplicaProcess("torch", extra_args=options, ready_timeout_s=TORCH_READY_GUARD_S)
     try:
 
         async def main() -> tuple[str, int, str | None, str]:
