@@ -11,6 +11,7 @@ evaluates the same function after the run, over the whole log, on a fine time gr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,15 @@ def judge(rec: RequestRecord, slo_ttft_ms: float) -> Verdict:
     end = rec.end_ns or late_at
     known = end if good or on_time else min(end, late_at)
     return Verdict(good, known, rec.intended_start_ns, rec.end_ns, rec.outcome, rec.replica)
+
+
+def visible(verdict: Verdict) -> Verdict:
+    """``verdict`` as a live reader of the request log can know it: no earlier than the request
+    ended, when the loader writes its record. A request late past its SLO is known bad at its
+    deadline afterwards (the recovery figures), but live it shows only once it ends: dated at
+    its deadline, a stack slower than the SLO plus the window would read an empty window (no
+    SLI) instead of a bad one."""
+    return dataclasses.replace(verdict, known_ns=max(verdict.known_ns, verdict.end_ns))
 
 
 class SliSeries:
@@ -101,7 +111,7 @@ def _read(path: Path) -> Sequence[RequestRecord]:
 def sli(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The rolling SLI now, from the live request log (``configuration["requests_path"]``)."""
     path, window_s, slo_ms, target = _settings(configuration)
-    series = SliSeries.from_records(_read(path), slo_ms)
+    series = SliSeries(visible(judge(r, slo_ms)) for r in _read(path))
     now = time.time_ns()
     good, total = series.window(now, window_s)
     value = good / total if total else None

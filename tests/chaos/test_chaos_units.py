@@ -244,6 +244,21 @@ def test_judge_knows_a_late_request_at_its_slo_not_at_its_end() -> None:
     assert not failed.good and failed.known_ns == T0 + int(0.05 * NS)
 
 
+def test_the_live_sli_sees_a_late_answer_when_it_ends_and_reads_it_bad(tmp_path: Path) -> None:
+    """A stack slower than the SLO plus the window: its late answers are known bad at their
+    deadline (the recovery figures), but live they show when they end, as a bad SLI, never as
+    an empty window."""
+    conf = {"requests_path": str(tmp_path / "requests.jsonl"), "sli_window_s": 60.0}
+    now_s = (time.time_ns() - T0) / NS
+    with JsonlWriter(conf["requests_path"]) as out:  # sent 200 s ago, first token after 199 s
+        out.write(record(0, now_s - 200.0, 199.0))
+    late = probes.judge(record(0, now_s - 200.0, 199.0), slo_ttft_ms=1000)
+    assert late.known_ns < time.time_ns() - 60 * NS, "known bad long before the window"
+    reading = probes.sli(conf)
+    assert reading["requests"] == 1 and reading["sli"] == 0.0
+    assert not probes.within_target(reading, conf)
+
+
 def test_the_warmup_lasts_until_the_sli_window_holds_an_answer(tmp_path: Path) -> None:
     """The first hypothesis meets a window with an answer in it, however late the host gave
     the first one: the warm-up ends on the event (a record known within the window), and an
@@ -260,7 +275,8 @@ def test_the_warmup_lasts_until_the_sli_window_holds_an_answer(tmp_path: Path) -
 
     threading.Thread(target=answer_later, daemon=True).start()
     until_the_window_holds_an_answer(conf, limit_s=600.0)
-    assert written.is_set() and probes.sli(conf)["requests"] == 1
+    assert probes.sli(conf)["requests"] == 1, "it ended on the answer, not on its limit"
+    assert written.wait(timeout=600.0)
     empty = {"requests_path": str(tmp_path / "none.jsonl"), "sli_window_s": 60.0}
     waited = until_the_window_holds_an_answer(empty, limit_s=0.2)
     assert waited >= 0.2 and probes.sli(empty)["requests"] == 0

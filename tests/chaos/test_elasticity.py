@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bench.report import claims
@@ -19,6 +20,7 @@ from chaos.elasticity import needless_moves
 from harness.profile import load_profile
 from harness.schema import read_jsonl, read_requests
 from harness.stacks import Stack, StackName, StackSpec, stand_up
+from harness.validity import host_cpu_problem
 from zerolayer.client.discovery import read_replicas
 
 PROFILE = load_profile("g_elasticity", "smoke")
@@ -47,6 +49,24 @@ def baseline(out_dir: Path, zerolayer: Setup) -> Iterator[Setup]:
     yield from _trial(StackName.BASELINE, out_dir)  # after the zero-layer stack, never beside
 
 
+def _held_before(trial: ElasticTrial, out_dir: Path) -> bool:
+    """Whether the steady state held before the join. When it did not, the trial's host must be
+    flagged (a host too busy to carry the load, as ``tests.support.chaos_checks`` holds the
+    profile D trials to): the join and leave were not run, and nothing is judged."""
+    stack, repeat = trial.summary.stack, trial.summary.repeat
+    journal = orjson.loads((out_dir / "chaos" / f"{stack}-g_elasticity-r{repeat}.journal.json")
+                           .read_bytes())  # fmt: skip
+    if journal["steady_states"]["before"]["steady_state_met"]:
+        return True
+    summary = trial.summary
+    assert host_cpu_problem(summary.host_cpu_pct, summary.host_busiest_cpu_pct), (
+        "the steady state did not hold on a host the trial calls fine",
+        summary.host_cpu_pct,
+    )
+    assert trial.row.rollbacks_ok and trial.row.lost == 0
+    return False
+
+
 def _common(trial: ElasticTrial) -> None:
     row, summary = trial.row, trial.summary
     assert row.status in ("completed", "deviated") and row.rollbacks_ok, row
@@ -65,6 +85,8 @@ def _common(trial: ElasticTrial) -> None:
 def test_zero_layer_sdk_follows_its_discovery_file(zerolayer: Setup, out_dir: Path) -> None:
     trial, stack = zerolayer
     row = trial.row
+    if not _held_before(trial, out_dir):
+        return
     _common(trial)
     chaos_dir = out_dir / "chaos"
     assert read_replicas(chaos_dir / "replicas-zerolayer-g_elasticity-r0.json") == stack.urls
@@ -89,6 +111,8 @@ def test_zero_layer_sdk_follows_its_discovery_file(zerolayer: Setup, out_dir: Pa
 def test_baseline_scales_through_serve_and_comes_back(baseline: Setup, out_dir: Path) -> None:
     trial, stack = baseline
     row = trial.row
+    if not _held_before(trial, out_dir):
+        return
     _common(trial)
     assert row.joined.startswith("pid") and row.sdk_learned_ms is None
     pid = int(row.joined.removeprefix("pid"))
