@@ -34,7 +34,7 @@ def run(name: str, out: Path, command: list[str]) -> int:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, busy0, t0 = time.time(), host_busy_s(), time.monotonic()
     status = subprocess.call(command)
-    wall = time.monotonic() - t0
+    wall, busy1 = time.monotonic() - t0, host_busy_s()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     row = {
@@ -43,9 +43,9 @@ def run(name: str, out: Path, command: list[str]) -> int:
         "started": round(started, 1),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
-        "host_busy_s": round(host_busy_s() - busy0, 1),
+        "host_busy_s": round(busy1 - busy0, 1),
         "host_busy_from_s": round(busy0, 1),
-        "host_busy_to_s": round(host_busy_s(), 1),
+        "host_busy_to_s": round(busy1, 1),
         "cores": os.cpu_count(),
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -89,9 +89,10 @@ def report(out: Path) -> int:
     span = max(r["started"] + r["wall_s"] for r in rows) - min(r["started"] for r in rows)
     busy = max(r["host_busy_to_s"] for r in rows) - min(r["host_busy_from_s"] for r in rows)
     cores = rows[0]["cores"]
+    share = busy / (span * cores) if span else 0.0
     whole = f"  {'all of them':<18}          wall {span:7.1f} s"
     print(
-        f"{whole}{'':19}host busy {busy:7.1f} s ({busy / (span * cores):.0%} of {cores} cores)"
+        f"{whole}{'':19}host busy {busy:7.1f} s ({share:.0%} of {cores} cores)"
         " from the first start to the last end; sessions that overlap share the host's figure"
     )
     print(f"\nThe {SLOWEST} slowest tests (setup, call and teardown):")

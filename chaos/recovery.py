@@ -124,11 +124,19 @@ def trial_problems(
         problems.append("a rollback failed")
     if row.lost:
         problems.append(f"{row.lost} requests lost (no answer by deadline + grace)")
-    if row.loader_lag and load_lag:
-        problems.append(row.loader_lag)
+    return problems + load_problems(row, reference_speed, load_lag=load_lag)
+
+
+def load_problems(
+    row: Recovery, reference_speed: float | None = None, *, load_lag: bool = True
+) -> list[str]:
+    """What ``trial_problems`` says of the load and the host alone: the background load lagged
+    (unless ``load_lag`` is False), the host was saturated before the fault or not measured, or
+    its speed moved."""
+    lag = row.loader_lag if load_lag else ""
     host = host_cpu_problem(row.host_cpu_pct, row.host_busiest_cpu_pct)
     speed = host_speed_problem(row.host_speed, reference_speed)
-    return problems + [p for p in (host, speed) if p]
+    return [p for p in (lag, host, speed) if p]
 
 
 def absent_row(stack: str, experiment: str, role: str, trial: int = 0) -> Recovery:

@@ -11,11 +11,10 @@ from pathlib import Path
 
 from chaos import pressure, probes, runner
 from chaos.actions import wait_ready
-from chaos.recovery import Recovery, trial_problems
+from chaos.recovery import Recovery, load_problems, trial_problems
 from harness.profile import Profile, load_profile
 from harness.schema import read_jsonl, read_requests, requests_file
 from harness.stacks import Credentials, Stack, StackName, StackSpec, stand_up
-from harness.validity import host_cpu_problem, host_speed_problem
 from serving.wire.contract import MAX_DEADLINE_MS
 
 EXPERIMENTS = [p.stem for p in runner.experiment_paths()]
@@ -57,19 +56,12 @@ def stack_under_chaos(
             yield stack, target_file, profile
 
 
-def host_flags(row: Recovery) -> list[str]:
-    """What the row says of the host and the load before the fault: saturated, moved, lagged."""
-    flags = [host_cpu_problem(row.host_cpu_pct, row.host_busiest_cpu_pct),
-             host_speed_problem(row.host_speed, None), row.loader_lag]  # fmt: skip
-    return [f for f in flags if f]
-
-
 def _unsteady_on_a_busy_host(row: Recovery, journal: dict, conf: dict) -> Recovery:
     """A steady state that did not hold before the fault is the stack's on a host that carried
     the load, and fails here; on a host too busy to carry it (the row flags the host or the
     load) the fault was not run, the trial decides nothing, and only the rollbacks and the
     stack's health are checked."""
-    assert host_flags(row), ("the steady state did not hold on a host the row calls fine",
+    assert load_problems(row), ("the steady state did not hold on a host the row calls fine",
                              journal["steady_states"]["before"])  # fmt: skip
     assert row.hypothesis_before is not True and trial_problems(row)
     assert all(r["status"] == "succeeded" for r in journal["rollbacks"]), journal["rollbacks"]
