@@ -258,6 +258,7 @@ SERVE_CONSTANTS: Final = (
     "RAY_SERVE_SESSION_ID_HEADER_KEY",
     "SERVE_SESSION_ID",
     "PROXY_READY_CHECK_TIMEOUT_S",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S",
 )
 # Serve's controller kills a proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
 # (5 s by default) of its start, and ``serve.start`` then fails on that proxy's ActorDiedError
@@ -265,6 +266,12 @@ SERVE_CONSTANTS: Final = (
 # Serve's HTTP stack. A Ray started here gives the proxy this long (a proxy ready in time is not
 # affected); the value a cluster's workers see is in the metadata's ``serve_constants``.
 PROXY_READY_CHECK_S: Final = "60"
+# Serve's router routes only to a replica that answers its queue-length probe within 0.1 s, the
+# deadline doubling on each miss up to RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S (1 s by
+# default): on a loaded host a replica's event loop answers later than that, and the router then
+# routes nothing at all (CI saw ten requests not dispatched in 60 s). A Ray started here lets the
+# probe's deadline grow to this; a probe answered within 0.1 s, as on a quiet host, is unaffected.
+QUEUE_LENGTH_DEADLINE_S: Final = "10"
 
 
 def serve_constants() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from baselines.rayserve.config import (
     ENGINE_NAME,
     INGRESS_NAME,
     PROXY_READY_CHECK_S,
+    QUEUE_LENGTH_DEADLINE_S,
     BaselineConfig,
     BaselineRouter,
     serve_constants,
@@ -54,7 +55,8 @@ def init_ray(
     ``serve_env`` are further variables a Ray started here passes on (this process's own
     environment is left as it was). ``num_cpus`` is Ray's bookkeeping for a local Ray, not the
     cores its processes may use. A Ray started here waits ``PROXY_READY_CHECK_S`` for Serve's
-    proxy to start (config.py says why) unless the environment sets its own.
+    proxy to start and lets Serve's router wait up to ``QUEUE_LENGTH_DEADLINE_S`` for a replica's
+    queue length (config.py says why of both) unless the environment sets its own.
     """
     import ray
 
@@ -65,6 +67,7 @@ def init_ray(
         ray.init(address=ray_address, log_to_driver=False)
         return False
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_CHECK_S)
+    os.environ.setdefault("RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S", QUEUE_LENGTH_DEADLINE_S)
     if throughput_optimized is not None:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if throughput_optimized else "0"
     with environment(serve_env or {}):

@@ -17,6 +17,7 @@ import pytest
 
 from baselines.rayserve.cli import main
 from baselines.rayserve.standup import free_port
+from tests.support.waiting import HANG_GUARD_S
 
 START_TIMEOUT_S = 600.0
 """A hang guard: the start is an event (the line it prints, or its exit); a Ray start beside two
@@ -80,7 +81,7 @@ def test_cli_serves_then_stops_leaving_no_ray_process(
         assert proc.wait(60) == 0
         reader.join(10)  # the last lines may still be in the pipe when the process is gone
         assert "zl-baseline stopped" in "".join(lines), lines[-3:]
-        _, alive = psutil.wait_procs(family, timeout=5)
+        _, alive = psutil.wait_procs(family, timeout=HANG_GUARD_S)
         assert not alive, [p.pid for p in alive]
     finally:
         if proc.poll() is None:

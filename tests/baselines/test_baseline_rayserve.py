@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from baselines.rayserve import BaselineHandle, start_baseline
-from baselines.rayserve.config import PROXY_READY_CHECK_S, TenantBudget
+from baselines.rayserve.config import PROXY_READY_CHECK_S, QUEUE_LENGTH_DEADLINE_S, TenantBudget
 from serving.engine import EngineRequest, make_engine
 from serving.wire.tokens import count_prompt_tokens, request_seed
 from tests.support.replica_thread import replica_in_thread
@@ -167,6 +167,9 @@ def test_health_models_and_metadata(baseline: BaselineHandle, port: int) -> None
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" in meta["serve_constants"]
     # a proxy slow to start on a loaded host is waited for, not killed mid-stand-up
     assert meta["serve_constants"]["PROXY_READY_CHECK_TIMEOUT_S"] == float(PROXY_READY_CHECK_S)
+    # and a replica slow to answer Serve's queue-length probe is waited for, not routed around
+    deadline = meta["serve_constants"]["RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S"]
+    assert deadline == float(QUEUE_LENGTH_DEADLINE_S)
     pids = baseline.pids()
     assert len(pids["engine"]) == 2 and len(pids["ingress"]) == 1
     assert pids["proxy"] and pids["controller"]
@@ -276,7 +279,7 @@ def test_every_request_gets_a_log_line(baseline: BaselineHandle, port: int) -> N
             for path in logs.glob("replica_zl-baseline_Orchestrator_*.log")
         )
 
-    wait_for(logged, 10, "the ingress's log line")
+    wait_for(logged, HANG_S, "the ingress's log line")
 
 
 def test_tenant_over_budget_gets_429_budget_exceeded(port: int) -> None:
@@ -346,7 +349,7 @@ def stack_port(request: pytest.FixtureRequest) -> int:
 
 def openai_client(port: int) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="any", timeout=10, max_retries=0
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="any", timeout=HANG_S, max_retries=0
     )
 
 
@@ -482,7 +485,10 @@ def test_async_openai_client_streams_chat_and_completes(stack_port: int) -> None
 
     async def run() -> tuple[str, list[Any], Any]:
         async with openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{stack_port}/v1", api_key="any", timeout=10, max_retries=0
+            base_url=f"http://127.0.0.1:{stack_port}/v1",
+            api_key="any",
+            timeout=HANG_S,
+            max_retries=0,
         ) as client:
             model = (await client.models.list()).data[0].id
             stream = await client.chat.completions.create(
@@ -576,22 +582,47 @@ def test_openai_client_unknown_field_is_ignored(client: openai.OpenAI, model: st
     assert response.choices[0].finish_reason == "length"
 
 
-def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
-    baseline: BaselineHandle, port: int
-) -> None:
-    before = baseline.pids()["engine"]
-    victim = before[0]
-    prompt = "p" * (4 * 12_000)  # ~12k tokens: a prefill long enough to kill the replica in
+def _in_flight_together(port: int, runner: threading.Thread, count: int) -> bool:
+    """Whether ``count`` requests were in flight at once before ``runner`` ended. An event, not a
+    time: on a loaded host the first prefills may end before the last request is dispatched."""
+    end = time.monotonic() + HANG_S
+    while runner.is_alive():
+        if orjson.loads(call(port, "/health").body)["inflight"] >= count:
+            return True
+        assert time.monotonic() < end, f"{count} requests not in flight within {HANG_S} s"
+        time.sleep(0.2)
+    return False
+
+
+def _long_prefills(port: int, tokens: int, count: int) -> tuple[threading.Thread, list[Reply]]:
+    """``count`` streamed requests of ``tokens``-token prompts (each its own prefix and session),
+    sent at once from a thread; their replies fill the list as the thread ends."""
+    prompt = "p" * (4 * tokens)
     jobs = [
-        (port, "/v1/completions", {"prompt": f"{i}{prompt}", "max_tokens": 4, "stream": True},
-         {"zl-session": f"kill-{i}"}, HANG_S)
-        for i in range(10)
+        (port, "/v1/completions", {"prompt": f"{tokens}-{i}{prompt}", "max_tokens": 4,
+         "stream": True}, {"zl-session": f"kill-{i}"}, HANG_S)
+        for i in range(count)
     ]  # fmt: skip
     replies: list[Reply] = []
     runner = threading.Thread(target=lambda: replies.extend(concurrently(jobs)))
     runner.start()
-    # Hang guards only: on a loaded host dispatching ten 12k-token prefills took past 10 s (CI).
-    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 10, HANG_S, "dispatch")
+    return runner, replies
+
+
+def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
+    baseline: BaselineHandle, port: int
+) -> None:
+    """Ten long prefills in flight at once, one replica killed under them. The prompt doubles
+    until the host dispatches all ten before the first ends (12k tokens on a quiet host)."""
+    before = baseline.pids()["engine"]
+    victim = before[0]
+    for tokens in (12_000, 24_000, 48_000):
+        runner, replies = _long_prefills(port, tokens, 10)
+        if _in_flight_together(port, runner, 10):
+            break
+        runner.join()
+    else:
+        pytest.fail("ten prefills of 48k tokens were never in flight at once")
     time.sleep(0.1)
     os.kill(victim, signal.SIGKILL)
     runner.join(HANG_S + 10)
@@ -606,7 +637,7 @@ def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
     assert max(retried) >= 2, f"no request was retried elsewhere: {retried}"
     after = wait_for(
         lambda: (p := baseline.pids()["engine"]) and len(p) == 2 and victim not in p and p,
-        60,
+        HANG_S,
         "Serve replacing the engine replica",
     )
     assert set(after) - set(before)
@@ -626,7 +657,7 @@ def test_ingress_killed_gives_explicit_errors_then_is_restored(
         target=lambda: inflight.append(call(port, "/v1/completions", body, timeout=HANG_S))
     )
     runner.start()
-    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 1, 10, "dispatch")
+    wait_for(lambda: orjson.loads(call(port, "/health").body)["inflight"] >= 1, HANG_S, "dispatch")
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     runner.join(HANG_S + 5)

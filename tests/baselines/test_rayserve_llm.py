@@ -35,9 +35,9 @@ def _has_serve_llm() -> bool:
 
 pytestmark = [
     pytest.mark.vllm,
-    # A hang guard: Ray Serve LLM stands up in about 90 s on a quiet 2-core host and took past
-    # the suite's 300 s beside the tests session on a loaded one.
-    pytest.mark.timeout(900),
+    # A hang guard: Ray Serve LLM stands up in about 90 s on a quiet 2-core host; beside the
+    # tests session on a loaded one its first test took 909 s (CI), past the 900 s this was.
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(
         not _has_serve_llm(),
         reason="vllm or ray.serve.llm is not importable (they install with: nox -s vllm)",

@@ -25,6 +25,7 @@ from harness.runner.config import RunConfig, load_profiles
 from harness.runner.drive import summary_row
 from harness.stacks import StackName, StackSpec, descendants
 from harness.telemetry import HostCpu
+from tests.support.waiting import HANG_GUARD_S
 
 BENCH = [sys.executable, "-m", "bench.cli", "run"]
 
@@ -107,7 +108,7 @@ def test_a_signal_mid_profile_leaves_a_renderable_incomplete_run_and_no_process(
             proc.kill()
             proc.wait()
     assert proc.returncode == status, out[-3000:]
-    _, alive = psutil.wait_procs(started, timeout=10)
+    _, alive = psutil.wait_procs(started, timeout=HANG_GUARD_S)
     assert not alive, f"left running: {[p.pid for p in alive]}"
     run = _run_dir(tmp_path)
     meta = orjson.loads((run / schema.RUN_META).read_bytes())
@@ -157,7 +158,7 @@ def test_a_signal_mid_experiment_stops_profile_d_there(
             proc.kill()
             proc.wait()
     assert proc.returncode == status, out[-3000:]
-    _, alive = psutil.wait_procs(started, timeout=10)
+    _, alive = psutil.wait_procs(started, timeout=HANG_GUARD_S)
     assert not alive, f"left running: {[p.pid for p in alive]}"
     chaos = _run_dir(tmp_path) / schema.CHAOS_DIR
     assert not list(chaos.glob("*pause-engine-replica*")), "the run went on to the next one"

@@ -21,6 +21,7 @@ import pytest
 from harness import schema
 from harness.schema import ParityVerdict, RunEnd
 from harness.stacks import ReplicaProcess, descendants
+from tests.support.waiting import HANG_GUARD_S
 
 BENCH = [sys.executable, "-m", "bench.cli", "run", "--scale", "smoke", "--profiles", "a_latency"]
 OPTIONS = {"model_shape": "llama-3.2-1b", "num_kv_blocks": 256}
@@ -74,7 +75,7 @@ def _left_running(pids: Sequence[int]) -> list[int]:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=15)
+    _, alive = psutil.wait_procs(procs, timeout=HANG_GUARD_S)
     return [p.pid for p in alive]
 
 

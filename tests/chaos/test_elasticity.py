@@ -1,7 +1,8 @@
 """Profile G for real on both stacks, at smoke scale: Chaos Toolkit runs the join-then-leave
 experiment once per stack (one stand-up each for the module: about a minute with Ray's), and the
 figures, files and the stack afterwards are checked. No timed assertions: only the order of
-events, what moved, and that the stack is as it was."""
+events, what moved, and that the stack is as it was. Lost requests are allowed only on a host the
+trial flags as saturated (a load the host cannot carry decides nothing)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,12 @@ def _common(trial: ElasticTrial) -> None:
     assert row.time_to_first_request_ms is not None and row.time_to_first_request_ms > 0
     assert row.left == row.joined  # the newest leaves, as Serve chooses
     assert row.join_moves.seen > 0 and row.leave_moves.seen > 0
-    assert row.lost == 0 and summary.lost == 0
+    if row.lost or summary.lost:  # a host too busy to carry the load: its losses decide nothing
+        assert host_cpu_problem(summary.host_cpu_pct, summary.host_busiest_cpu_pct), (
+            "requests lost on a host the trial calls fine",
+            row.lost,
+            summary.host_cpu_pct,
+        )
     assert summary.profile == "g_elasticity" and summary.repeat == 0
     assert summary.host_cpu_pct is not None and summary.host_speed
     assert summary.num_requests == row.requests > 0

@@ -43,6 +43,7 @@ from harness.stacks.rayserve import RayServeKind, RayServeLlmKind
 from harness.workload import PlannedRequest
 from serving.engine.vllm_engine import CPU_DEFAULTS, server_flags
 from tests.support.httpserver import answering_url
+from tests.support.waiting import HANG_GUARD_S
 from zerolayer.client import Http1Client, ZeroLayerClient
 
 
@@ -256,7 +257,7 @@ def test_ending_a_process_ends_what_it_started(tmp_path: Path, end: str) -> None
             assert proc.pid in kill_tree(proc.pid)
         else:
             stop_pids([proc.pid], timeout_s=2.0)
-        _, alive = psutil.wait_procs(children, timeout=5)
+        _, alive = psutil.wait_procs(children, timeout=HANG_GUARD_S)
         assert not alive, [p.pid for p in alive]
     finally:
         proc.kill()

@@ -27,6 +27,7 @@ from serving.engine.vllm_engine import VllmEngine
 from serving.wire.contract import KV_EXHAUSTED, PRIORITY_NORMAL, RequestMeta
 from serving.wire.tokens import count_prompt_tokens
 from tests.support.server_client import H2Client, wait_all
+from tests.support.waiting import HANG_GUARD_S
 from zerolayer.scheduler import SchedulerConfig, decide
 
 pytestmark = [
@@ -293,7 +294,7 @@ def test_zl_replica_serves_vllm_over_h2c_and_http1(
         engine_core = descendants(replica.pid)
         assert engine_core, "vLLM's engine core runs as a child of the replica"
         replica.kill()
-        _, alive = psutil.wait_procs(engine_core, timeout=10)
+        _, alive = psutil.wait_procs(engine_core, timeout=HANG_GUARD_S)  # CI saw 10 s outlasted
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
         replica.stop()
