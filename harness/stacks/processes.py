@@ -29,9 +29,11 @@ LISTENING: Final = re.compile(r"zl-replica listening on (https?://\S+)")
 READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 10.0
 POLL_S: Final = 0.05
-# vLLM's own server: a bounded start (about 30 s alone on 2 cores; replicas start together).
 VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
-VLLM_READY_TIMEOUT_S: Final = 240.0
+VLLM_READY_TIMEOUT_S: Final = 600.0
+"""A vLLM engine's start (its replica's or vLLM's own server's): a hang guard, not a pace. It
+takes about 30 s alone on 2 cores, but replicas start together, and CI saw one past 240 s
+beside the tests session; a start that fails exits, and that is caught at once."""
 VLLM_POLL_S: Final = 0.5
 OFFLINE_ENV: Final = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -31,6 +31,9 @@ log = logging.getLogger("zerolayer.server.h2")
 
 PING_PAYLOAD_BYTES: Final = 8  # RFC 9113 6.7: a PING carries exactly 8 octets
 IDLE_CHECKS: Final = 4  # idle checks per idle_timeout_s (see ConnectionGuard._on_idle_check)
+STALLED_FRACTION: Final = 0.1
+"""A keepalive timer this late, as a share of its interval, fired after a stalled loop: the
+ACK may be waiting unread in the socket (see ConnectionGuard._on_keepalive)."""
 
 
 class Guarded(Protocol):
@@ -55,9 +58,10 @@ class Guarded(Protocol):
 class ConnectionGuard:
     """One connection's rate budgets, byte budget and clocks (see the module docstring)."""
 
-    __slots__ = ("_body_timer", "_idle_check", "_keepalive", "_newest_stream", "_ping_payload",
-                 "_quiet_checks", "_stopped", "budget", "empty_frames", "limits", "loop",
-                 "owner", "pings", "resets", "settings", "upload_bytes", "uploads")  # fmt: skip
+    __slots__ = ("_body_timer", "_idle_check", "_keepalive", "_keepalive_due", "_newest_stream",
+                 "_ping_graced", "_ping_payload", "_quiet_checks", "_stopped", "budget",
+                 "empty_frames", "limits", "loop", "owner", "pings", "resets", "settings",
+                 "upload_bytes", "uploads")  # fmt: skip
 
     def __init__(self, limits: Limits, loop: asyncio.AbstractEventLoop, owner: Guarded) -> None:
         self.limits = limits
@@ -75,9 +79,11 @@ class ConnectionGuard:
         self._stopped = False
         self._body_timer: asyncio.TimerHandle | None = None
         self._ping_payload: bytes | None = None
+        self._ping_graced = False
         self._keepalive: asyncio.TimerHandle | None = None
+        self._keepalive_due = 0.0
         if limits.keepalive_s > 0:
-            self._keepalive = loop.call_later(limits.keepalive_s, self._on_keepalive)
+            self._arm_keepalive()
         self._idle_check: asyncio.TimerHandle | None = None
         self._quiet_checks = 1  # nothing is open when a connection starts
         self._newest_stream = 0
@@ -140,20 +146,35 @@ class ConnectionGuard:
 
     # -- keepalive ---------------------------------------------------------------------------
 
+    def _arm_keepalive(self) -> None:
+        self._keepalive_due = self.loop.time() + self.limits.keepalive_s
+        self._keepalive = self.loop.call_at(self._keepalive_due, self._on_keepalive)
+
     def _on_keepalive(self) -> None:
         """PING with an unpredictable payload; close if the last one was not acknowledged.
         TCP delivers in order, so the ACK of a payload the client could not guess proves it
-        read everything sent before that PING (RFC 9113 6.7)."""
+        read everything sent before that PING (RFC 9113 6.7).
+
+        A timer that fires late fired after the loop stalled (a loaded host, a flood on another
+        connection), and a loop that runs its due timers before it polls the sockets (uvloop's,
+        libuv's order) has not yet read an ACK that came meanwhile: the verdict on that PING
+        then waits one more interval, once."""
         if self._stopped:
             return
         keepalive_s = self.limits.keepalive_s
         if self._ping_payload is not None:
-            log.info("peer did not answer a PING within %.1f s; closing", keepalive_s)
-            self.owner.close()
+            stalled = self.loop.time() - self._keepalive_due > STALLED_FRACTION * keepalive_s
+            if not stalled or self._ping_graced:
+                log.info("peer did not answer a PING within %.1f s; closing", keepalive_s)
+                self.owner.close()
+                return
+            self._ping_graced = True
+            self._arm_keepalive()
             return
         self._ping_payload = os.urandom(PING_PAYLOAD_BYTES)
+        self._ping_graced = False
         self.owner.ping(self._ping_payload)
-        self._keepalive = self.loop.call_later(keepalive_s, self._on_keepalive)
+        self._arm_keepalive()
 
     def ping_acked(self, payload: bytes) -> None:
         """Only the ACK of the PING in flight counts; any other payload proves nothing."""

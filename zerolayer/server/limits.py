@@ -107,7 +107,7 @@ class Limits:
     keepalive_s: float = _limit(
         20.0,
         "HTTP/2 PING interval (an unpredictable payload; no answer within it closes the "
-        "connection); 0: off",
+        "connection, one more interval once when the replica's own loop stalled past it); 0: off",
         "gRPC keepalive; Envoy connection_keepalive interval",
     )
     # -- rate budgets per connection (token buckets: a burst, then a rate per second) ---------

@@ -91,6 +91,26 @@ def test_an_unanswered_keepalive_ping_closes_and_an_answered_one_does_not() -> N
     assert conn.closed
 
 
+def test_a_ping_answered_while_the_replica_was_too_busy_to_read_does_not_close() -> None:
+    """A loop that stalled past the PING's interval (a loaded host, a flood on another
+    connection) fires the keepalive before reading the ACK waiting in the socket: the verdict
+    waits one more interval of reading, once; a PING still unanswered then closes."""
+    g, clock, conn = guard(Limits(keepalive_s=10, idle_timeout_s=0))
+    clock.advance(10)
+    (payload,) = conn.pings
+    clock.now = 35  # the loop was busy from before the ACK came until 15 s past the verdict
+    clock.advance(0)
+    assert not conn.closed and len(conn.pings) == 1
+    g.ping_acked(payload)  # the loop reads again: the ACK was there
+    clock.advance(10)
+    assert not conn.closed and len(conn.pings) == 2
+    clock.now = 60  # stalled again, and this time no ACK comes at all
+    clock.advance(0)
+    assert not conn.closed
+    clock.advance(10)
+    assert conn.closed
+
+
 def test_a_connection_idle_for_its_timeout_goes_away_and_a_busy_one_stays() -> None:
     _, clock, conn = guard(Limits(keepalive_s=0, idle_timeout_s=8))
     step = 8 / IDLE_CHECKS
