@@ -126,9 +126,12 @@ def test_the_engine_reports_the_settings_vllm_settled_on(engine: VllmEngine) -> 
     )
 
 
-def test_streams_exactly_max_tokens_one_chunk_per_step(
+def test_streams_exactly_max_tokens_in_chunks_of_the_steps_since_the_last_read(
     engine: VllmEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
+    """A chunk per step when the reader keeps pace; on a loaded host vLLM's output collector
+    merges the steps the reader missed into one chunk (CI saw [1, 1, 3] for 5 tokens), so what
+    is judged is that no chunk is empty, the tokens add up and only the last one finishes."""
     reqs = [request(engine, f"exact{i}", f"{PROMPT} {i}", 5 + 7 * i) for i in range(3)]
 
     async def all_of() -> list[list]:
@@ -136,8 +139,9 @@ def test_streams_exactly_max_tokens_one_chunk_per_step(
 
     results = on(loop, all_of())
     for req, chunks in zip(reqs, results, strict=True):
-        assert [len(c.token_ids) for c in chunks] == [1] * req.max_tokens
-        assert [c.finish_reason for c in chunks][-2:] == [None, "length"]
+        sizes = [len(c.token_ids) for c in chunks]
+        assert min(sizes) >= 1 and sum(sizes) == req.max_tokens, sizes
+        assert [c.finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
         assert chunks[-1].completion_tokens == req.max_tokens
         assert {c.prompt_tokens for c in chunks} == {req.prompt_tokens}
 
