@@ -10,37 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.loaders import LOADERS, LoadResult, needs_tls
-from harness.loaders.k6 import K6Loader
-from harness.loaders.native import NativeLoader
-from harness.profile import load_profile
-from harness.stacks import StackName, StackSpec, stand_up
-from harness.workload import build_schedule
+from tests.support.loader_checks import three_loaders_on_profile_a
 
 AGREEMENT = 1.15  # the highest median E2EL over the lowest
 
 
 def test_three_loaders_agree_on_profile_a(benchmark, tmp_path: Path) -> None:
-    profile = load_profile("a", "smoke")
-    sched = build_schedule(profile)
-    loaders = {
-        "native": NativeLoader(progress=None, client_options={"health_interval_s": 0}),
-        "k6": K6Loader(vus=len(sched)),
-        "locust": LOADERS["locust"],
-    }
-    tls = any(needs_tls(name, StackName.ZEROLAYER) for name in loaders)
-    spec = StackSpec(StackName.ZEROLAYER, engine="sim", replicas=2, tls=tls)
-
-    def run_all() -> dict[str, LoadResult]:
-        with stand_up(spec, tmp_path / "stack") as stack:
-            return {
-                name: loader.run(sched, stack, profile, tmp_path / f"{name}.jsonl", tmp_path / name)
-                for name, loader in loaders.items()
-            }
-
-    results = benchmark.pedantic(run_all, rounds=1, iterations=1)
+    requests, results = benchmark.pedantic(
+        three_loaders_on_profile_a, args=(tmp_path,), rounds=1, iterations=1
+    )
     for result in results.values():
-        assert result.summary["completed"] == len(sched), (result.loader, result.summary)
+        assert result.summary["completed"] == requests, (result.loader, result.summary)
     medians = {name: r.summary["median_e2el_ms"] for name, r in results.items()}
     low, high = min(medians.values()), max(medians.values())
     benchmark.extra_info["median_e2el_ms"] = {k: round(v, 1) for k, v in medians.items()}

@@ -1,13 +1,19 @@
-"""What the loader tests share: small profiles, and each replica's own count of requests served."""
+"""What the loader tests share: small profiles, each replica's own count of requests served, and
+profile A through all three loaders on one stack (the routing test and the agreement benchmark)."""
 
 from __future__ import annotations
 
 import re
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
+from harness.loaders import LOADERS, LoadResult, needs_tls
+from harness.loaders.k6 import K6Loader
+from harness.loaders.native import NativeLoader
 from harness.profile import Profile, load_profile
-from harness.stacks import Stack, client_tls
+from harness.stacks import Stack, StackName, StackSpec, client_tls, stand_up
+from harness.workload import build_schedule
 
 _REQUESTS = re.compile(r'^zl_requests_total\{outcome="[^"]+"\} (\d+)', re.MULTILINE)
 
@@ -43,3 +49,24 @@ def assert_spread(counts: dict[str, int], replicas: int, floor: float = 0.3) -> 
     total = sum(counts.values())
     assert len(counts) == replicas and total > 0, counts
     assert all(n >= floor * total for n in counts.values()), counts
+
+
+def three_loaders_on_profile_a(workdir: Path) -> tuple[int, dict[str, LoadResult]]:
+    """Profile A at smoke scale through native, k6 and locust, one after another, against the
+    same two zero-layer sim replicas (TLS where a loader needs it): the schedule's length and
+    each loader's result."""
+    profile = load_profile("a", "smoke")
+    sched = build_schedule(profile)
+    loaders = {
+        "native": NativeLoader(progress=None, client_options={"health_interval_s": 0}),
+        # A VU per iteration: on a loaded host k6 drops an iteration when every VU is busy.
+        "k6": K6Loader(vus=len(sched)),
+        "locust": LOADERS["locust"],
+    }
+    tls = any(needs_tls(name, StackName.ZEROLAYER) for name in loaders)
+    spec = StackSpec(StackName.ZEROLAYER, engine="sim", replicas=2, tls=tls)
+    with stand_up(spec, workdir / "stack") as stack:
+        return len(sched), {
+            name: loader.run(sched, stack, profile, workdir / f"{name}.jsonl", workdir / name)
+            for name, loader in loaders.items()
+        }
