@@ -27,16 +27,19 @@ async def eventually(
 
 
 class Handle:
-    """A timer of :class:`HandClock` (``asyncio.TimerHandle``'s ``cancel``)."""
+    """A timer of :class:`HandClock` (``asyncio.TimerHandle``'s ``cancel`` and ``when``)."""
 
     def __init__(self, when: float, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self.when = when
+        self.due = when
         self.callback = callback
         self.args = args
         self.cancelled = False
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def when(self) -> float:
+        return self.due
 
 
 class HandClock:
@@ -61,11 +64,11 @@ class HandClock:
     def advance(self, seconds: float) -> None:
         end = self.now + seconds
         while True:
-            due = [h for h in self.handles if not h.cancelled and h.when <= end]
+            due = [h for h in self.handles if not h.cancelled and h.due <= end]
             if not due:
                 break
-            handle = min(due, key=lambda h: h.when)
+            handle = min(due, key=lambda h: h.due)
             self.handles.remove(handle)
-            self.now = max(self.now, handle.when)
+            self.now = max(self.now, handle.due)
             handle.callback(*handle.args)
         self.now = end

@@ -58,10 +58,10 @@ class Guarded(Protocol):
 class ConnectionGuard:
     """One connection's rate budgets, byte budget and clocks (see the module docstring)."""
 
-    __slots__ = ("_body_timer", "_idle_check", "_keepalive", "_keepalive_due", "_newest_stream",
-                 "_ping_graced", "_ping_payload", "_quiet_checks", "_stopped", "budget",
-                 "empty_frames", "limits", "loop", "owner", "pings", "resets", "settings",
-                 "upload_bytes", "uploads")  # fmt: skip
+    __slots__ = ("_body_timer", "_idle_check", "_keepalive", "_newest_stream", "_ping_graced",
+                 "_ping_payload", "_quiet_checks", "_stopped", "budget", "empty_frames", "limits",
+                 "loop", "owner", "pings", "resets", "settings", "upload_bytes",
+                 "uploads")  # fmt: skip
 
     def __init__(self, limits: Limits, loop: asyncio.AbstractEventLoop, owner: Guarded) -> None:
         self.limits = limits
@@ -81,9 +81,8 @@ class ConnectionGuard:
         self._ping_payload: bytes | None = None
         self._ping_graced = False
         self._keepalive: asyncio.TimerHandle | None = None
-        self._keepalive_due = 0.0
         if limits.keepalive_s > 0:
-            self._arm_keepalive()
+            self._keepalive = loop.call_later(limits.keepalive_s, self._on_keepalive)
         self._idle_check: asyncio.TimerHandle | None = None
         self._quiet_checks = 1  # nothing is open when a connection starts
         self._newest_stream = 0
@@ -146,10 +145,6 @@ class ConnectionGuard:
 
     # -- keepalive ---------------------------------------------------------------------------
 
-    def _arm_keepalive(self) -> None:
-        self._keepalive_due = self.loop.time() + self.limits.keepalive_s
-        self._keepalive = self.loop.call_at(self._keepalive_due, self._on_keepalive)
-
     def _on_keepalive(self) -> None:
         """PING with an unpredictable payload; close if the last one was not acknowledged.
         TCP delivers in order, so the ACK of a payload the client could not guess proves it
@@ -159,22 +154,22 @@ class ConnectionGuard:
         connection), and a loop that runs its due timers before it polls the sockets (uvloop's,
         libuv's order) has not yet read an ACK that came meanwhile: the verdict on that PING
         then waits one more interval, once."""
-        if self._stopped:
+        timer = self._keepalive
+        if self._stopped or timer is None:
             return
         keepalive_s = self.limits.keepalive_s
         if self._ping_payload is not None:
-            stalled = self.loop.time() - self._keepalive_due > STALLED_FRACTION * keepalive_s
+            stalled = self.loop.time() - timer.when() > STALLED_FRACTION * keepalive_s
             if not stalled or self._ping_graced:
                 log.info("peer did not answer a PING within %.1f s; closing", keepalive_s)
                 self.owner.close()
                 return
             self._ping_graced = True
-            self._arm_keepalive()
-            return
-        self._ping_payload = os.urandom(PING_PAYLOAD_BYTES)
-        self._ping_graced = False
-        self.owner.ping(self._ping_payload)
-        self._arm_keepalive()
+        else:
+            self._ping_payload = os.urandom(PING_PAYLOAD_BYTES)
+            self._ping_graced = False
+            self.owner.ping(self._ping_payload)
+        self._keepalive = self.loop.call_later(keepalive_s, self._on_keepalive)
 
     def ping_acked(self, payload: bytes) -> None:
         """Only the ACK of the PING in flight counts; any other payload proves nothing."""
