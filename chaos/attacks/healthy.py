@@ -9,8 +9,8 @@ and prints one JSON line: ``{"ok": n, "total": m, "errors": {code: count}}``. It
 the replica authenticates, comes in :data:`API_KEY_ENV`.
 
 The judgement is whether its requests complete, not how fast: so no health poll (one replica,
-and a ``/health`` answer slow while the replica's loop serves a flood would mark it down and
-fail every request ``no_replica``) and a deadline that only guards against a hang.
+and a ``/health`` answer slow while the replica's loop serves a flood would count against it)
+and a deadline that only guards against a hang.
 """
 
 from __future__ import annotations

@@ -3,14 +3,16 @@
 Both ways of sending a request, the task path (``ZeroLayerClient.stream``) and the callback path
 (``ZeroLayerClient.submit``), follow these rules and only these:
 
-- the candidates are the session's ring order, up replicas only; each attempt takes one, and
-  past ``max_retries`` retries no more are taken (:func:`next_replica`);
+- the candidates are the session's ring order, up replicas only, or every replica when none is
+  up (panic routing); each attempt takes one, and past ``max_retries`` retries no more are
+  taken (:func:`next_replica`);
 - a replica that could not be reached, or that answered ``draining`` or ``engine_down``, is
   marked down at once (its hysteresis governs coming back);
 - a retryable error before the first token moves the request to the next candidate; after the
   first token nothing is retried, the caller gets the error;
 - once the deadline plus grace has passed the request ends ``client_timeout``; when no candidate
-  is left it ends with the last attempt's error, or ``no_replica`` if there was none.
+  is left it ends with the last attempt's error, or ``no_replica`` if there was none (every
+  replica left the set while the request walked the ring).
 """
 
 from __future__ import annotations

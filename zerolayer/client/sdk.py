@@ -2,9 +2,9 @@
 
 No proxy between caller and engine: this SDK does the routing a middle layer would. It walks the
 consistent-hash ring from the session's owner, skipping replicas its background ``/health`` poll
-(with hysteresis) or a lost connection marked down; a retryable refusal or a connection lost
-before the first token moves the request to the next replica, up to ``max_retries``; after the
-first token nothing is retried and the caller gets the error.
+(with hysteresis) or a lost connection marked down, unless every one is; a retryable refusal or
+a connection lost before the first token moves the request to the next replica, up to
+``max_retries``; after the first token nothing is retried and the caller gets the error.
 
 The replica set is given (``replica_urls``) or discovered (``discovery``: a watched file, see
 ``zerolayer.client.discovery``); :meth:`ZeroLayerClient.set_replicas` changes it either way. A
@@ -232,9 +232,12 @@ class ZeroLayerClient:
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None
             replica.health.observe(healthy(status, replica.last_health))
-        except (OSError, TimeoutError):
-            # No answer at all (refused, reset, or hung past the timeout): a dead or frozen
-            # process, not a busy one, so down at once; hysteresis still governs coming back.
+        except TimeoutError:
+            # No answer in time: a frozen replica, or a loaded host's slow one; one bad verdict.
+            replica.health.observe(False)
+        except OSError:
+            # Refused or reset: no process serves there, so down at once; hysteresis still
+            # governs coming back.
             replica.health.force_down()
         except orjson.JSONDecodeError:
             replica.health.observe(False)
@@ -242,11 +245,24 @@ class ZeroLayerClient:
     # requests
 
     def _candidates(self, key: str) -> Iterator[ReplicaEndpoint]:
+        """The up replicas in ``key``'s ring order; when none is up, every replica in that
+        order (panic routing, as Envoy's panic threshold: a verdict that has them all down is
+        as likely a loaded host's slow answers, and with no poll running nothing would ever
+        mark one up again)."""
         replicas = self.replicas
+        down: list[ReplicaEndpoint] = []
+        any_up = False
         for url in self.ring.preference(key):
             replica = replicas.get(url)  # None: it left the set since the walk began
-            if replica is not None and replica.health.up:
+            if replica is None:
+                continue
+            if replica.health.up:
+                any_up = True
                 yield replica
+            elif not any_up:
+                down.append(replica)
+        if not any_up:
+            yield from down
 
     def stream(self, **fields: Unpack[RequestFields]) -> Stream:
         """A streamed completion; ``async with`` it, then ``async for chunk in it``.

@@ -21,6 +21,7 @@ from harness.certs import self_signed
 from serving.engine.kvwatch import read_kv_watch
 from serving.wire.tokens import count_prompt_tokens
 from tests.support.sdk import Spawn, expected_text, run, session_owned_by
+from tests.support.waiting import eventually
 from zerolayer.client import Http1Client, ZeroLayerClient, ZeroLayerError
 from zerolayer.client.timing import CLIENT_TIMEOUT, CONNECTION_LOST
 
@@ -240,8 +241,8 @@ def test_health_poll_marks_a_frozen_replica_down_then_up_with_hysteresis(spawn: 
             await asyncio.sleep(0.02)
 
     async def main() -> None:
-        # A frozen replica never answers, so any timeout marks it down; one of seconds keeps a
-        # slow answer from the running replica (a loaded host) from marking that one down too.
+        # A frozen replica never answers, so down_after timeouts mark it down; one of seconds
+        # keeps slow answers from the running replica (a loaded host) from marking that one down.
         async with ZeroLayerClient(
             [r.url for r in replicas],
             health_interval_s=0.1,
@@ -262,6 +263,46 @@ def test_health_poll_marks_a_frozen_replica_down_then_up_with_hysteresis(spawn: 
             back = await client.complete(prompt="hi", max_tokens=2, session=session)
             assert back.timing.tried == [frozen.url]
             assert client.is_up(replicas[1].url)
+
+    run(main())
+
+
+def test_one_health_poll_that_times_out_does_not_mark_a_replica_down(spawn: Spawn) -> None:
+    # A poll that times out may be a loaded host's slow answer, not a dead replica: it is one bad
+    # verdict of down_after, as a bad answer is. Frozen (SIGSTOP), the replica cannot answer.
+    replica = spawn("null")
+
+    async def main() -> tuple[bool, bool]:
+        async with ZeroLayerClient([replica.url], health_interval_s=0, down_after=2) as client:
+            client.health_timeout_s = 30.0  # the running replica's answer, however slow
+            await client.poll_health()
+            assert client.replicas[replica.url].last_health is not None
+            client.health_timeout_s = 0.2
+            os.kill(replica.pid, signal.SIGSTOP)
+            try:
+                await client.poll_health()
+                after_one = client.is_up(replica.url)
+                await client.poll_health()
+                after_two = client.is_up(replica.url)
+            finally:
+                os.kill(replica.pid, signal.SIGCONT)
+        return after_one, after_two
+
+    assert run(main()) == (True, False)
+
+
+def test_a_client_with_every_replica_down_still_tries_them(spawn: Spawn) -> None:
+    # The replica ends the idle connection (GOAWAY), which marks it down; no health poll runs to
+    # mark it up again, so unless a client whose replicas are all down tries them anyway, every
+    # later request would end no_replica while the replica serves.
+    replica = spawn("sim", "--limit", "idle_timeout_s=0.2")
+
+    async def main() -> None:
+        async with ZeroLayerClient([replica.url], health_interval_s=0) as client:
+            await client.complete(prompt="warm", max_tokens=2)
+            await eventually(lambda: not client.is_up(replica.url), "the idle GOAWAY marked it")
+            again = await client.complete(prompt="again", max_tokens=2)
+        assert again.timing.tried == [replica.url] and again.timing.outcome == "completed"
 
     run(main())
 
