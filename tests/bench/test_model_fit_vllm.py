@@ -60,7 +60,7 @@ def test_run_fits_the_model_and_every_request_completes(
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["config"]["engine_options"]["max_model_len"] == SHORT_MODEL_CONTEXT
     (row,) = json.loads((run_dir / "summary.json").read_text())["rows"]
-    assert row["completed"] == row["num_requests"] > 0 and row["errors"] == 0
+    assert row["completed"] == row["num_requests"] > 0 and row["errors"] == 0, row["errors_by_code"]
 
 
 def test_a_configuration_vllm_refuses_is_one_line_with_vllms_reason_and_the_log(

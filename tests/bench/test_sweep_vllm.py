@@ -1,6 +1,7 @@
 """``zl-bench sweep --engine vllm`` against the real CPU vLLM (``nox -s vllm``): the zero-layer
 replica and vLLM's own server, each over the offline tiny model, at two rates of profile A, so the
-load-curve path is known to run on a real engine and not only on the simulator. Ray Serve LLM is
+load-curve path is known to run on a real engine and not only on the simulator (on a loaded host
+the stack may saturate at the first rate: the sweep then stops there and says why). Ray Serve LLM is
 left out for time (its start alone takes about a minute here). Where vLLM is not installed, this
 skips with the reason.
 """
@@ -52,7 +53,13 @@ def test_a_real_engine_sweep_measures_every_rate_on_both_stacks(
     assert section is not None and section.capacity_rps is None  # no step model for vLLM
     for stack in STACKS:
         points = section.stack_points(stack)
-        assert [p.offered_rate for p in points] == list(RATES), (stack, section.stacks)
+        measured = [p.offered_rate for p in points]
+        # Both rates, or (a loaded host saturating the stack at the first) the rates up to the
+        # one where the sweep stopped, with the reason it gives for stopping.
+        stopped = section.stacks[stack]["stopped"]
+        assert measured == list(RATES) or (
+            measured == list(RATES[: len(measured)]) and measured and stopped
+        ), (stack, section.stacks)
         for p in points:
             assert p.num_requests > 0 and p.completed == p.num_requests, (stack, p.errors_by_code)
             assert p.stat("median_ttft_ms") is not None and p.host_cpu_pct is not None

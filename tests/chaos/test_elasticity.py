@@ -103,8 +103,17 @@ def test_zero_layer_sdk_follows_its_discovery_file(zerolayer: Setup, out_dir: Pa
     records = read_requests(out_dir / trial.summary.records_file)
     assert any(r.replica == row.joined for r in records)
     assert all(r.replica in (*stack.urls, row.joined) for r in records if r.replica)
-    # consistent hashing: a session changes replica only to the joiner or off the leaver
-    assert needless_moves(row)[0] == 0
+    # Consistent hashing: a session changes replica only to the joiner or off the leaver. On a
+    # saturated host the SDK's health poll may also (rightly) take a slow replica out, moving
+    # its sessions: such a trial's moves decide nothing, as its losses do not (_common).
+    summary = trial.summary
+    assert needless_moves(row)[0] == 0 or host_cpu_problem(
+        summary.host_cpu_pct, summary.host_busiest_cpu_pct
+    ), (
+        "a session moved needlessly on a host the trial calls fine",
+        row.join_moves,
+        row.leave_moves,
+    )
     # Each session seen across the join moved to the joiner or stayed; whether any moved is
     # chance (about a third each, on a ring of three with a random port for the joiner: CI saw
     # 4 sessions all stay), so the joiner's own requests above show it took load.

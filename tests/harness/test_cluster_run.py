@@ -51,7 +51,7 @@ def cluster() -> Iterator[LocalCluster]:
         try:
             up = stack.enter_context(local_cluster())
         except (RuntimeError, TimeoutError, OSError) as exc:  # its node's log says why
-            pytest.skip(f"Ray cannot start a two-node cluster here: {exc}"[:500])
+            pytest.skip(f"Ray cannot start a two-node cluster here: ...{str(exc)[-500:]}")
         yield up
 
 

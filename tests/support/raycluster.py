@@ -33,6 +33,9 @@ from harness.stacks.processes import free_port
 NODE_IP: Final = "127.0.0.2"  # loopback, and not one Ray swaps for the host's address
 START_TIMEOUT_S: Final = 180.0
 STARTED: Final = "Ray runtime started."
+START_ATTEMPTS: Final = 3
+"""How often the cluster is started before its failure is reported: each of a node's ports is
+picked free and handed to Ray, and on a busy host another process may take one in between."""
 OBJECT_STORE_BYTES: Final = 80 * 1024 * 1024
 
 
@@ -171,7 +174,30 @@ def local_cluster(
     timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[LocalCluster]:
     """The cluster, up with every node alive, stopped (every process of it) however the block
-    ends. RuntimeError or TimeoutError (with the node's log) when a node cannot start."""
+    ends. A node whose ``ray start`` exits is started again on fresh ports, the whole cluster
+    at most :data:`START_ATTEMPTS` times; then RuntimeError, or TimeoutError, with the node's
+    log."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        cluster = _new_cluster()
+        try:
+            _start_nodes(cluster, names, num_cpus, timeout_s)
+        except RuntimeError:
+            _remove(cluster)
+            if attempt == START_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            _remove(cluster)
+            raise
+        try:
+            yield cluster
+        finally:
+            _remove(cluster)
+        return
+
+
+def _new_cluster() -> LocalCluster:
+    """A cluster with no node yet: its temp dir, token and head port."""
     root = Path(tempfile.mkdtemp(prefix="zlrc-", dir="/tmp"))  # short: Ray's socket paths
     token = root / "token"
     token.write_text(secrets.token_hex(32))
@@ -181,13 +207,18 @@ def local_cluster(
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token),
     }
-    port = free_port()
-    cluster = LocalCluster(address=f"{NODE_IP}:{port}", env=env, root=root)
-    try:
-        for i, name in enumerate(names):
-            cluster.nodes.append(_start_node(name, root, env, i == 0, port, num_cpus))
-            _wait_started(cluster.nodes[-1], time.monotonic() + timeout_s)
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    return LocalCluster(address=f"{NODE_IP}:{free_port()}", env=env, root=root)
+
+
+def _start_nodes(
+    cluster: LocalCluster, names: Sequence[str], num_cpus: int, timeout_s: float
+) -> None:
+    port = int(cluster.address.rsplit(":", 1)[1])
+    for i, name in enumerate(names):
+        cluster.nodes.append(_start_node(name, cluster.root, cluster.env, i == 0, port, num_cpus))
+        _wait_started(cluster.nodes[-1], time.monotonic() + timeout_s)
+
+
+def _remove(cluster: LocalCluster) -> None:
+    cluster.stop()
+    shutil.rmtree(cluster.root, ignore_errors=True)
