@@ -294,8 +294,9 @@ def test_one_health_poll_that_times_out_does_not_mark_a_replica_down(spawn: Spaw
 def test_a_client_with_every_replica_down_still_tries_them(spawn: Spawn) -> None:
     # The replica ends the idle connection (GOAWAY), which marks it down; no health poll runs to
     # mark it up again, so unless a client whose replicas are all down tries them anyway, every
-    # later request would end no_replica while the replica serves.
-    replica = spawn("sim", "--limit", "idle_timeout_s=0.2")
+    # later request would end no_replica while the replica serves. (A second long enough that
+    # the new connection carries its request before it could count as idle.)
+    replica = spawn("sim", "--limit", "idle_timeout_s=1")
 
     async def main() -> None:
         async with ZeroLayerClient([replica.url], health_interval_s=0) as client:
