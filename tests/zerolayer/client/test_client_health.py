@@ -1,9 +1,12 @@
-"""Health hysteresis and the /health verdict, without sockets."""
+"""Health hysteresis, the /health verdict and the replicas a request may try, without sockets."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from zerolayer.client import ZeroLayerClient
 from zerolayer.client.health import Hysteresis, healthy
 
 
@@ -67,3 +70,18 @@ def test_rejects_zero_thresholds() -> None:
 )
 def test_health_verdict(status: int, payload: dict | None, ok: bool) -> None:
     assert healthy(status, payload) is ok
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=8), st.text(max_size=12))
+def test_a_request_tries_the_up_replicas_in_ring_order_or_all_when_none_is_up(
+    ups: list[bool], session: str
+) -> None:
+    urls = [f"http://127.0.0.1:{9000 + i}" for i in range(len(ups))]
+    client = ZeroLayerClient(urls, health_interval_s=0)
+    for url, up in zip(urls, ups, strict=True):
+        if not up:
+            client.replicas[url].health.force_down()
+    ring_order = list(client.ring.preference(session))
+    up_in_order = [url for url in ring_order if client.is_up(url)]
+    tried = [replica.url for replica in client._candidates(session)]
+    assert tried == (up_in_order or ring_order)
