@@ -35,6 +35,8 @@ VLLM_READY_TIMEOUT_S: Final = 600.0
 takes about 30 s alone on 2 cores, but replicas start together, and CI saw one past 240 s
 beside the tests session; a start that fails exits, and that is caught at once."""
 VLLM_POLL_S: Final = 0.5
+PORT_TAKEN: Final = "address already in use"  # the bind error's text, lower-cased
+PORT_TRIES: Final = 3
 OFFLINE_ENV: Final = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -318,6 +320,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself listens on TCP ``port``: the server answering there is
+    the one started here, not another that took the port first."""
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets)
+
+
 def _health_ok(url: str, timeout_s: float = 2.0) -> bool:
     import http.client
 
@@ -353,27 +365,32 @@ class VllmServer:
         cpus: CpuLayout | None = None,
         replica: int = 0,
     ) -> None:
+        self.log_path = Path(log_path)
+        self._options, self._host, self._preexec = dict(options), host, preexec
+        self._ready_timeout_s = ready_timeout_s
+        self.cpus, self._replica = cpus, replica
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start the server on a port picked free now."""
         from serving.engine.vllm_engine import server_flags
 
-        self.port = free_port(host)
-        self.url = f"http://{host}:{self.port}"
-        self.log_path = Path(log_path)
+        self.port = free_port(self._host)
+        self.url = f"http://{self._host}:{self.port}"
         self.command = [
-            sys.executable, "-m", VLLM_SERVER_MODULE, *server_flags(dict(options)),
+            sys.executable, "-m", VLLM_SERVER_MODULE, *server_flags(self._options),
             # usage on every stream's last event: output tokens in the model's own count
             "--enable-force-include-usage",
-            "--host", host, "--port", str(self.port),
+            "--host", self._host, "--port", str(self.port),
         ]  # fmt: skip
-        self._ready_timeout_s = ready_timeout_s
-        self.cpus = cpus
-        with open(self.log_path, "wb") as log, engine_cores(cpus, replica):
+        with open(self.log_path, "wb") as log, engine_cores(self.cpus, self._replica):
             self._proc = subprocess.Popen(
                 self.command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=self._preexec,
             )
         self.pid = self._proc.pid
 
@@ -382,17 +399,26 @@ class VllmServer:
         return text[-chars:]
 
     def wait_ready(self) -> str:
-        """Wait (bounded) until ``/health`` answers 200; raise with the log's tail otherwise."""
+        """Wait (bounded) until the server itself listens on its port and ``/health`` answers
+        200 there; raise with the log's tail otherwise. Its port was picked free before it
+        started, and another process may bind it first (a replica on an ephemeral port, say):
+        the server then exits, and is started again on a fresh port, up to PORT_TRIES times."""
         deadline = time.monotonic() + self._ready_timeout_s
-        what = f"vLLM server {self.url}"
-        while not _health_ok(self.url):
+        tries = 1
+        while not (listens_on(self.pid, self.port) and _health_ok(self.url)):
             if self._proc.poll() is not None:
-                why = exit_reason(self._log_tail(), "api_server")
+                tail = self._log_tail()
+                if PORT_TAKEN in tail.lower() and tries < PORT_TRIES:
+                    tries += 1
+                    self._launch()
+                    continue
+                why = exit_reason(tail, "api_server")
+                what = f"vLLM server {self.url}"
                 raise StartFailed(what, f"exited ({self._proc.returncode}): {why}", self.log_path)
             if time.monotonic() >= deadline:
                 why = exit_reason(self._log_tail(), "api_server")
                 late = f"not healthy after {self._ready_timeout_s:.0f} s"
-                raise StartFailed(what, f"{late}; {why}", self.log_path)
+                raise StartFailed(f"vLLM server {self.url}", f"{late}; {why}", self.log_path)
             time.sleep(VLLM_POLL_S)
         if self.cpus is not None:  # its engine computes on the engine's cores still
             pin_threads(self.pid, self.cpus.rest)

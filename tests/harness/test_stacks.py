@@ -4,6 +4,7 @@ registry of stack kinds and what each kind answers."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import socket
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from harness.stacks import (
     kill_tree,
     kind_for,
     openai_server_body,
+    processes,
     spawn_replica,
     stack_kind,
     stand_up,
@@ -39,6 +41,7 @@ from harness.stacks import (
     wait_listening,
 )
 from harness.stacks.external import ExternalKind
+from harness.stacks.processes import StartFailed, VllmServer
 from harness.stacks.rayserve import RayServeKind, RayServeLlmKind
 from harness.workload import PlannedRequest
 from serving.engine.vllm_engine import CPU_DEFAULTS, server_flags
@@ -318,3 +321,33 @@ def test_an_unknown_stack_name_is_a_clear_error() -> None:
         stack_kind("nginx")
     with pytest.raises(ValueError, match="no kind running the Ray Serve app 'llm'"):
         stack_kind(StackName.ZEROLAYER, "llm")
+
+
+class _Healthy(http.server.BaseHTTPRequestHandler):
+    """Another server: answers every GET 200, as a replica's ``/health`` does."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def test_a_vllm_server_is_not_ready_while_another_process_answers_on_its_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The port picked free for vLLM's server was taken by another process before the server
+    # bound it (CI: a zl-replica on an ephemeral port answered model_not_found to every
+    # request). Here the server is one that never binds (http.server refusing vLLM's flags).
+    with answering_url(_Healthy) as other:
+        port = int(other.rsplit(":", 1)[1])
+        monkeypatch.setattr(processes, "free_port", lambda host="127.0.0.1": port)
+        monkeypatch.setattr(processes, "VLLM_SERVER_MODULE", "http.server")
+        server = VllmServer({"model": "x"}, tmp_path / "server.log", ready_timeout_s=60)
+        try:
+            with pytest.raises(StartFailed):
+                server.wait_ready()
+        finally:
+            server.stop()
