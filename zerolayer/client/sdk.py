@@ -232,15 +232,14 @@ class ZeroLayerClient:
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None
             replica.health.observe(healthy(status, replica.last_health))
-        except TimeoutError:
-            # No answer in time: a frozen replica, or a loaded host's slow one; one bad verdict.
+        except (TimeoutError, orjson.JSONDecodeError):
+            # No answer in time (a frozen replica, or a loaded host's slow one), or not JSON:
+            # one bad verdict. TimeoutError is an OSError, so it is caught first.
             replica.health.observe(False)
         except OSError:
             # Refused or reset: no process serves there, so down at once; hysteresis still
             # governs coming back.
             replica.health.force_down()
-        except orjson.JSONDecodeError:
-            replica.health.observe(False)
 
     # requests
 
