@@ -260,12 +260,17 @@ SERVE_CONSTANTS: Final = (
     "PROXY_READY_CHECK_TIMEOUT_S",
     "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S",
 )
+# A hang guard for a stand-up, which waits on events (Serve's proxy ready, the front door's
+# /health answering): no start comes near it, and it turns a hang into an error. CI's loaded
+# 2-core host took over 60 s to start Serve's proxy beside five other test processes.
+STAND_UP_GUARD_S: Final = 600.0
 # Serve's controller kills a proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
 # (5 s by default) of its start, and ``serve.start`` then fails on that proxy's ActorDiedError
 # ("killed by ray.kill"): on a loaded host a new worker process takes longer than that to import
-# Serve's HTTP stack. A Ray started here gives the proxy this long (a proxy ready in time is not
-# affected); the value a cluster's workers see is in the metadata's ``serve_constants``.
-PROXY_READY_CHECK_S: Final = "60"
+# Serve's HTTP stack. A Ray started here gives the proxy the stand-up's hang guard (a proxy ready
+# in time is not affected); the value a cluster's workers see is in the metadata's
+# ``serve_constants``.
+PROXY_READY_CHECK_S: Final = f"{STAND_UP_GUARD_S:.0f}"
 # Serve's router routes only to a replica that answers its queue-length probe within 0.1 s, the
 # deadline doubling on each miss up to RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S (1 s by
 # default): on a loaded host a replica's event loop answers later than that, and the router then

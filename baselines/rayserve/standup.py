@@ -24,6 +24,7 @@ from baselines.rayserve.config import (
     INGRESS_NAME,
     PROXY_READY_CHECK_S,
     QUEUE_LENGTH_DEADLINE_S,
+    STAND_UP_GUARD_S,
     BaselineConfig,
     BaselineRouter,
     serve_constants,
@@ -117,6 +118,21 @@ def deployed_router(app_name: str, deployment_prefix: str) -> dict[str, Any]:
     }
 
 
+def start_serve(host: str, port: int, proxy_location: str) -> None:
+    """``serve.start``, where a proxy slower than Serve's own fixed wait for it (60 s, Ray's
+    ``HTTP_PROXY_TIMEOUT``, which no setting changes) is not a failure: a loaded host takes longer
+    to start one. The stand-up then waits for its front door to answer under its own hang guard
+    (``wait_http``), which a proxy that never starts still fails."""
+    from ray import serve
+
+    http_options = {"host": host, "port": port}
+    try:
+        serve.start(http_options=http_options, proxy_location=proxy_location)
+    except TimeoutError:
+        # The controller is up and starting its proxy: this connects to it and returns.
+        serve.start(http_options=http_options, proxy_location=proxy_location)
+
+
 def _deploy(config: BaselineConfig) -> None:
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -124,10 +140,7 @@ def _deploy(config: BaselineConfig) -> None:
     from baselines.rayserve.engine_replica import engine_deployment
     from baselines.rayserve.ingress import ingress_deployment
 
-    serve.start(
-        http_options={"host": config.host, "port": config.port},
-        proxy_location=config.proxy_location,
-    )
+    start_serve(config.host, config.port, config.proxy_location)
     # A dict: Ray annotates RequestRouterConfig's **kwargs as if every value were a dict.
     router: dict[str, Any] = {
         "request_router_class": config.router_class(),
@@ -413,7 +426,7 @@ def start_baseline(
     engine_options: dict[str, Any] | None = None,
     router: BaselineRouter = BaselineRouter.CONSISTENT_HASH,
     ray_address: str | None = None,
-    ready_timeout_s: float = 120.0,
+    ready_timeout_s: float = STAND_UP_GUARD_S,
     **settings: Any,
 ) -> BaselineHandle:
     """Start (or attach to) Ray, deploy the baseline, wait until ``/health`` answers.

@@ -16,7 +16,12 @@ from typing import Any, ClassVar
 
 import psutil
 
-from baselines.rayserve.config import BaselineRouter, serve_constants, serve_env_flags
+from baselines.rayserve.config import (
+    STAND_UP_GUARD_S,
+    BaselineRouter,
+    serve_constants,
+    serve_env_flags,
+)
 from baselines.rayserve.standup import (
     ServeHandle,
     alive_actors,
@@ -27,6 +32,7 @@ from baselines.rayserve.standup import (
     processes_since,
     ray_attached,
     serve_running,
+    start_serve,
     undo_stand_up,
     wait_http,
 )
@@ -97,10 +103,7 @@ def _deploy(config: LlmBaselineConfig) -> dict[str, Any]:
     from ray import serve
     from ray.serve.llm import build_openai_app
 
-    serve.start(
-        http_options={"host": config.host, "port": config.port},
-        proxy_location=config.proxy_location,
-    )
+    start_serve(config.host, config.port, config.proxy_location)
     app = build_openai_app({"llm_configs": [config.llm_config()]})
     deployed = _deployments(app)
     serve.run(app, name=APP_NAME, route_prefix="/")
@@ -200,7 +203,7 @@ def start_llm_baseline(
     router: BaselineRouter = BaselineRouter.POW2,
     ray_address: str | None = None,
     port: int = 0,
-    ready_timeout_s: float = 600.0,
+    ready_timeout_s: float = STAND_UP_GUARD_S,
     **settings: Any,
 ) -> LlmBaselineHandle:
     """Start (or attach to) Ray, deploy Ray Serve LLM for ``model``, wait until it lists it.

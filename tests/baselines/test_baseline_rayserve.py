@@ -133,16 +133,24 @@ def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
     raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
+SERVE_START_WAIT_S = 0.001
+"""Serve's ``serve.start`` waits a fixed 60 s for its proxies (Ray's ``HTTP_PROXY_TIMEOUT``): CI's
+loaded host took longer than that. The module's stand-up gives it 1 ms, a proxy slower than any,
+so that the stand-up must wait for the proxy on its own terms, as it does on a loaded host."""
+
+
 @pytest.fixture(scope="module")
 def baseline() -> Iterator[BaselineHandle]:
-    handle = start_baseline(
-        engine="sim",
-        replicas=2,
-        engine_options=ENGINE_OPTIONS,
-        max_inflight=INFLIGHT,
-        max_queue=QUEUE,
-        tenant_budgets={"tiny": TenantBudget(rate=10.0, burst=100.0)},
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ray.serve._private.api.HTTP_PROXY_TIMEOUT", SERVE_START_WAIT_S)
+        handle = start_baseline(
+            engine="sim",
+            replicas=2,
+            engine_options=ENGINE_OPTIONS,
+            max_inflight=INFLIGHT,
+            max_queue=QUEUE,
+            tenant_budgets={"tiny": TenantBudget(rate=10.0, burst=100.0)},
+        )
     try:
         yield handle
     finally:
