@@ -48,6 +48,7 @@ from chaos.refusal import CUT
 from chaos.targets import Target, load_target, target_path, write_target
 from harness.schema import JsonlWriter, RequestRecord
 from harness.stacks.clients import client_for
+from harness.stacks.processes import START_GUARD_S
 from harness.stacks.registry import stack_kind
 from harness.stacks.spec import StackName
 from harness.stacks.stack import Fault, Restore
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 ABSENT: Final = "absent"
 READY_POLL_S: Final = 0.1
 LISTEN_TIMEOUT_S: Final = 30.0
+ALIVE_CHECK_S: Final = 1.0  # how often a start past its allowance is checked for an exit
 STRESS_SCRIPT: Final = (
     "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
 )
@@ -310,9 +312,24 @@ def restart_replicas(
         write_target(path, target)
     deadline = time.monotonic() + timeout_s
     for item in restarted:
-        if not _wait_listening(str(item["url"]), deadline, target.tls_ca):
-            raise RuntimeError(f"replica {item['url']} did not come back in {timeout_s} s")
+        _until_the_restarted_answer(target, item, deadline)
     return {"restarted": restarted, "t_ns": _now_ns()}
+
+
+def _until_the_restarted_answer(target: Target, item: dict[str, Any], deadline: float) -> None:
+    """Until a restarted replica answers ``/health``. Past ``deadline`` (the recovery allowance,
+    sized on the stand-up) only while its process runs, which is a start still under way: CI's
+    host grew busier after the stand-up and took longer than that to start one. RuntimeError
+    once it exits, or at the start's hang guard (``START_GUARD_S``)."""
+    url, pid = str(item["url"]), int(item["pid"])
+    if _wait_listening(url, deadline, target.tls_ca):
+        return
+    guard = deadline + START_GUARD_S
+    while alive_where(target, pid) and time.monotonic() < guard:
+        if _wait_listening(url, min(guard, time.monotonic() + ALIVE_CHECK_S), target.tls_ca):
+            return
+    state = "exited" if not alive_where(target, pid) else f"not listening after {START_GUARD_S} s"
+    raise RuntimeError(f"replica {url} did not come back: its process (pid {pid}) {state}")
 
 
 def _ready(target: Target) -> bool:

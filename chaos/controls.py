@@ -36,7 +36,7 @@ from typing import Any, Final, overload
 import psutil
 
 from chaos.actions import live_pids
-from chaos.probes import sli
+from chaos.probes import follow_load, sli
 from chaos.targets import Target, load_target
 from harness.loaders.base import DEFAULT_GRACE_S, LoadResult
 from harness.loaders.native import run_schedule
@@ -151,6 +151,11 @@ class BackgroundLoad:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether a request may still be sent or answered (its thread has not ended)."""
+        return not self._done.is_set()
 
     def stop(self) -> LoadResult | None:
         """Stop dispatching and wait for every request in flight to end."""
@@ -288,6 +293,7 @@ def before_experiment_control(
     title = str(context.get("title", "experiment"))
     load = BackgroundLoad(target, conf, conf.get("experiment_tag", "x"))
     _running = _Running(load, sampler, phases)
+    follow_load(lambda: load.running)  # a wait for the SLI ends with the load
     if phases is not None:
         phases.begin("warmup", experiment=title)
     load.start()
@@ -332,6 +338,7 @@ def after_experiment_control(
     """After rollbacks: a tail of load, then stop load and telemetry (in that order)."""
     global _running
     running, _running = _running, None
+    follow_load(None)
     if running is None:
         return
     if running.phases is not None:
@@ -364,6 +371,7 @@ def cleanup_control() -> None:
     """Chaos Toolkit's last call: never leave a load thread or sampler running."""
     global _running
     running, _running = _running, None
+    follow_load(None)
     if running is None:
         return
     try:

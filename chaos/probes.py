@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -135,16 +135,35 @@ def within_target(
     return value is not None and value.get("sli") is not None and value["sli"] >= target
 
 
+_load_running: Callable[[], bool] | None = None
+
+
+def follow_load(running: Callable[[], bool] | None) -> None:
+    """Say whether the experiment's background load still runs (``chaos.controls`` owns it, and
+    sets this while one runs; ``None`` when none does)."""
+    global _load_running
+    _load_running = running
+
+
+def load_running() -> bool:
+    """Whether a request may still be sent or answered, so that the SLI may yet change."""
+    return _load_running is not None and _load_running()
+
+
 def sli_recovers(
     timeout_s: float = 20.0, configuration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Poll :func:`sli` until it is within target or ``timeout_s`` passes; the last reading,
-    with how long it took (the after-fault hypothesis: did the stack get back by itself?)."""
+    """Poll :func:`sli` until it is within target, ``timeout_s`` passes, or the experiment's
+    load has ended (nothing can come back after it, so the window can only empty: CI's loaded
+    host spent the rest of a timeout grown with its stand-up waiting for that); the last
+    reading, with how long it took (the after-fault hypothesis: did the stack get back by
+    itself?)."""
     start = time.monotonic()
     deadline = start + timeout_s
     while True:
+        ended = not load_running()  # before the reading, so that the reading sees its last answers
         reading = sli(configuration)
-        if within_target(reading, configuration) or time.monotonic() >= deadline:
+        if within_target(reading, configuration) or time.monotonic() >= deadline or ended:
             reading["waited_s"] = round(time.monotonic() - start, 3)
             return reading
         time.sleep(POLL_S)

@@ -16,6 +16,7 @@ from harness.stacks.clients import (
     openai_server_body,
 )
 from harness.stacks.processes import (
+    START_GUARD_S,
     VLLM_READY_TIMEOUT_S,
     ReplicaProcess,
     VllmServer,
@@ -47,6 +48,7 @@ __all__ = [
     "REACH_TIMEOUT_S",
     "STACKS",
     "STACK_KINDS",
+    "START_GUARD_S",
     "VLLM_READY_TIMEOUT_S",
     "Credentials",
     "Fault",

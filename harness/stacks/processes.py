@@ -30,10 +30,12 @@ READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 10.0
 POLL_S: Final = 0.05
 VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
-VLLM_READY_TIMEOUT_S: Final = 600.0
-"""A vLLM engine's start (its replica's or vLLM's own server's): a hang guard, not a pace. It
-takes about 30 s alone on 2 cores, but replicas start together, and CI saw one past 240 s
-beside the tests session; a start that fails exits, and that is caught at once."""
+START_GUARD_S: Final = 600.0
+"""A process start's hang guard, not a pace: a start that fails exits, and that is caught at
+once; one still running is still starting (CI's loaded host took minutes to import a replica)."""
+VLLM_READY_TIMEOUT_S: Final = START_GUARD_S
+"""A vLLM engine's start (its replica's or vLLM's own server's). It takes about 30 s alone on 2
+cores, but replicas start together, and CI saw one past 240 s beside the tests session."""
 VLLM_POLL_S: Final = 0.5
 PORT_TAKEN: Final = "address already in use"  # the bind error's text, lower-cased
 PORT_TRIES: Final = 3

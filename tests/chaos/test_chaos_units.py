@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psutil
@@ -204,6 +205,54 @@ def test_kill_takes_the_process_and_probes_see_it(
     assert not probes.all_alive(probes.replicas(conf))
 
 
+SLOW_START = """
+import http.server, sys, time
+time.sleep(float(sys.argv[2]))  # a start slower than the recovery allowance
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def _dead_replica(tmp_path: Path, command: list[str], port: int) -> Path:
+    """A target file whose one replica has exited and starts again with ``command``."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    url = f"http://127.0.0.1:{port}"
+    replica = ReplicaSpec(url, gone.pid, port, command, str(tmp_path / "replica.log"))
+    target = Target(stack="zerolayer", load_urls=[url], protocol="h2", replicas=[replica],
+                    pids={"replica": [gone.pid]}, engine_replicas=1)  # fmt: skip
+    return write_target(tmp_path / "target.json", target)
+
+
+def test_a_restarted_replica_slower_than_the_allowance_is_waited_for_while_it_starts(
+    tmp_path: Path,
+) -> None:
+    """The rollback's allowance is sized on the stand-up; a start that outlasts it on a host
+    grown busier is still a start while its process runs (CI: "rollbacks that did not finish")."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-c", SLOW_START, str(port), "1.0"]
+    conf = {"target_file": str(_dead_replica(tmp_path, command, port))}
+    out = actions.restart_replicas(timeout_s=0.1, configuration=conf)
+    try:
+        assert [r["url"] for r in out["restarted"]] == [f"http://127.0.0.1:{port}"]
+        assert probes.all_alive(probes.replicas(conf))
+    finally:
+        for item in out["restarted"]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(item["pid"]).kill()
+
+
+def test_a_restarted_replica_that_exits_fails_the_rollback_and_says_so(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "raise SystemExit(3)"]
+    conf = {"target_file": str(_dead_replica(tmp_path, command, 1))}
+    with pytest.raises(RuntimeError, match=r"did not come back: its process \(pid \d+\) exited"):
+        actions.restart_replicas(timeout_s=0.1, configuration=conf)
+
+
 def test_acting_on_a_missing_component_records_its_absence(
     sleeper: tuple[Path, subprocess.Popen[bytes]],
 ) -> None:
@@ -280,6 +329,52 @@ def test_the_warmup_lasts_until_the_sli_window_holds_an_answer(tmp_path: Path) -
     empty = {"requests_path": str(tmp_path / "none.jsonl"), "sli_window_s": 60.0}
     waited = until_the_window_holds_an_answer(empty, limit_s=0.2)
     assert waited >= 0.2 and probes.sli(empty)["requests"] == 0
+
+
+def _a_bad_window(tmp_path: Path) -> dict[str, Any]:
+    """A request log whose SLI window holds one late answer: not within target."""
+    conf = {"requests_path": str(tmp_path / "requests.jsonl"), "sli_window_s": 60.0}
+    now_s = (time.time_ns() - T0) / NS
+    with JsonlWriter(conf["requests_path"]) as out:
+        out.write(record(0, now_s - 10.0, 5.0))
+    return conf
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every reading of the SLI a probe takes, from here on."""
+    reads: list[dict[str, Any]] = []
+    real = probes.sli
+
+    def counted(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+        reads.append(real(configuration))
+        return reads[-1]
+
+    monkeypatch.setattr(probes, "sli", counted)
+    return reads
+
+
+def test_a_wait_for_the_sli_to_recover_ends_when_no_load_can_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no load running nothing more comes back, so the wait reads the window once and
+    ends, whatever its timeout (CI's host spent a timeout grown with its stand-up here)."""
+    conf = _a_bad_window(tmp_path)
+    reads = _counting_reads(monkeypatch)
+    reading = probes.sli_recovers(timeout_s=2.0, configuration=conf)
+    assert len(reads) == 1, "it read the window again after the load had ended"
+    assert reading["requests"] == 1 and not probes.within_target(reading, conf)
+
+
+def test_a_wait_for_the_sli_to_recover_polls_while_the_load_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the load runs, a window below target is read again until the timeout."""
+    conf = _a_bad_window(tmp_path)
+    monkeypatch.setattr(probes, "load_running", lambda: True)
+    reads = _counting_reads(monkeypatch)
+    reading = probes.sli_recovers(timeout_s=0.5, configuration=conf)
+    assert len(reads) >= 2 and reading["waited_s"] >= 0.5
+    assert not probes.within_target(reading, conf)
 
 
 def synthetic_run() -> tuple[list[RequestRecord], dict]:
