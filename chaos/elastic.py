@@ -43,13 +43,14 @@ from baselines.rayserve.config import REQUESTS_PREFIX
 from chaos.actions import _wait_listening, alive
 from chaos.targets import ReplicaSpec, Target, load_target, target_path, write_target
 from harness.stacks import Scaling
-from harness.stacks.processes import spawn_replica, stop_pids, wait_listening
+from harness.stacks.processes import START_GUARD_S, spawn_replica, stop_pids, wait_listening
 from zerolayer.client.discovery import write_replicas
 
 READY_POLL_S: Final = 0.01
 SERVE_POLL_S: Final = 0.05  # a call to the controller: often enough, not a busy loop
 DEFAULT_TIMEOUT_S: Final = 60.0
 ACCOUNTING_FLUSH_S: Final = 0.1
+READY_AFTER_LISTENING_S: Final = 60.0  # a listening replica answers /health at once: a hang guard
 
 
 class Change(StrEnum):
@@ -120,7 +121,9 @@ def _wait_first_request(request_log: str, timeout_s: float) -> None:
 
 
 def _start_replica(target: Target, conf: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """By command: start, wait until ready, publish (see the module docstring)."""
+    """By command: start, wait until ready, publish (see the module docstring). Past
+    ``timeout_s`` only while the replica's process runs, up to ``START_GUARD_S``, as a scale by
+    Serve is waited for while Serve starts one (:func:`_wait_running`)."""
     folder = Path(_conf(conf, "elastic_dir"))
     folder.mkdir(parents=True, exist_ok=True)
     discovery = _conf(conf, "discovery_file")
@@ -131,8 +134,9 @@ def _start_replica(target: Target, conf: dict[str, Any], timeout_s: float) -> di
     command = _joining_command(target.replicas[0].command, name, accounting)
     deadline = time.monotonic() + timeout_s
     proc = spawn_replica(command, log_path)
-    url = wait_listening(log_path, proc, deadline)
-    if not _wait_listening(url, deadline, target.tls_ca, poll_s=READY_POLL_S):
+    url = wait_listening(log_path, proc, deadline + START_GUARD_S)  # fails at once on an exit
+    if not _wait_listening(url, max(deadline, time.monotonic() + READY_AFTER_LISTENING_S),
+                           target.tls_ca, poll_s=READY_POLL_S):  # fmt: skip
         stop_pids([proc.pid])
         raise RuntimeError(f"the joining replica {url} was not healthy within {timeout_s} s")
     ready_ns = time.time_ns()
@@ -163,13 +167,18 @@ def engine_ready_ns(path: Path) -> int | None:
 
 
 def _wait_running(target: Target, want: int, timeout_s: float) -> list[int]:
-    """Poll the controller until it reports ``want`` engine replicas running."""
-    deadline = time.monotonic() + timeout_s
+    """Poll the controller until it reports ``want`` engine replicas running. Past ``timeout_s``
+    (the profile's allowance) only while it reports a replica starting or stopping, a scale
+    still under way (a loaded host took Serve longer than smoke's 60 s to start one), up to the
+    start's hang guard (``START_GUARD_S``); at once when nothing is under way."""
+    allowance = time.monotonic() + timeout_s
+    guard = allowance + START_GUARD_S
     while True:
         running = target.kind.running_engines()
         if len(running) == want:
             return running
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= guard or (now >= allowance and not target.kind.engines_changing()):
             raise RuntimeError(f"{len(running)} engine replicas running, not {want}, after "
                                f"{timeout_s} s")  # fmt: skip
         time.sleep(SERVE_POLL_S)

@@ -73,3 +73,9 @@ def _text(state: Any) -> str:
 def running_pids() -> list[int]:
     """The pids of the engine replicas Serve reports running."""
     return sorted(r.pid for r in engine_replicas() if r.state == RUNNING and r.pid)
+
+
+def changing_count() -> int:
+    """How many engine replicas Serve reports in any state but running (starting, updating,
+    recovering, stopping): a scale still under way."""
+    return sum(r.state != RUNNING for r in engine_replicas())

@@ -165,6 +165,11 @@ class RayServeKind(StackKind):
 
         return running_pids()
 
+    def engines_changing(self) -> int:
+        from baselines.rayserve.scaling import changing_count
+
+        return changing_count()
+
 
 class RayServeLlmKind(RayServeKind):
     """Ray Serve LLM over vLLM, Serve's default (pow2) router by default. Its engines publish no

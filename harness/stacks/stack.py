@@ -136,6 +136,11 @@ class StackKind(ABC):
         controller only)."""
         raise ValueError(f"the {self.name} stack is not scaled by a controller")
 
+    def engines_changing(self) -> int:
+        """How many engine replicas the controller reports starting or stopping: a scale still
+        under way (scaled by a controller only)."""
+        raise ValueError(f"the {self.name} stack is not scaled by a controller")
+
 
 class Stack:
     """A stack as everything else sees it: where to send, which processes and engines to watch.

@@ -38,6 +38,9 @@ from baselines.rayserve_llm.standup import check_session_header
 from bench import cli
 from harness.stacks import StackName, StackSpec, baseline_router, check_spec
 from serving.wire.contract import SESSION
+from tests.support.waiting import STACK_IN_A_FIXTURE
+
+pytestmark = STACK_IN_A_FIXTURE
 
 TIMEOUT_S = 20.0
 

@@ -12,6 +12,9 @@ from chaos.recovery import trial_problems
 from harness.profile import Profile
 from harness.stacks import Stack, StackName
 from tests.support.chaos_checks import EXPERIMENTS, run_and_check, stack_under_chaos
+from tests.support.waiting import STACK_IN_A_FIXTURE
+
+pytestmark = STACK_IN_A_FIXTURE
 
 Setup = tuple[Stack, Path, Profile]
 

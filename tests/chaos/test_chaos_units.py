@@ -561,7 +561,7 @@ def test_chaos_telemetry_reads_the_stack_engines(tmp_path: Path) -> None:
 
 def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
     from chaos.runner import RECOVERY_PER_STAND_UP
-    from tests.support.chaos_checks import allowing
+    from tests.support.chaos_checks import DEADLINE_CAP_MS, allowing
 
     profile = load_profile("d_fault", "smoke")
     sc = chaos_settings(profile)
@@ -569,7 +569,8 @@ def test_chaos_test_allowances_grow_with_the_measured_stand_up() -> None:
     slow = chaos_settings(allowing(profile, 30.0))
     assert slow.deadline_ms == int(RECOVERY_PER_STAND_UP * 30.0 * 1000)
     assert slow.recover_timeout_s == RECOVERY_PER_STAND_UP * 30.0
-    assert chaos_settings(allowing(profile, 1e6)).deadline_ms == 3_600_000  # the contract's cap
+    # capped so that one experiment fits the test's guard (past the cap a request is lost)
+    assert chaos_settings(allowing(profile, 1e6)).deadline_ms == DEADLINE_CAP_MS < 900_000
 
 
 def test_recovery_waits_at_least_as_long_as_the_engine_takes_to_start() -> None:

@@ -15,6 +15,9 @@ from harness.profile import Profile
 from harness.schema import read_jsonl, read_requests, requests_file
 from harness.stacks import Stack, StackName
 from tests.support.chaos_checks import EXPERIMENTS, run_and_check, stack_under_chaos
+from tests.support.waiting import STACK_IN_A_FIXTURE
+
+pytestmark = STACK_IN_A_FIXTURE
 
 STACK = "zerolayer"
 Setup = tuple[Stack, Path, Profile]

@@ -22,7 +22,10 @@ from harness.profile import load_profile
 from harness.schema import read_jsonl, read_requests
 from harness.stacks import Stack, StackName, StackSpec, stand_up
 from harness.validity import host_cpu_problem
+from tests.support.waiting import STACK_IN_A_FIXTURE
 from zerolayer.client.discovery import read_replicas
+
+pytestmark = STACK_IN_A_FIXTURE
 
 PROFILE = load_profile("g_elasticity", "smoke")
 Setup = tuple[ElasticTrial, Stack]
@@ -53,7 +56,9 @@ def baseline(out_dir: Path, zerolayer: Setup) -> Iterator[Setup]:
 def _held_before(trial: ElasticTrial, out_dir: Path) -> bool:
     """Whether the steady state held before the join. When it did not, the trial's host must be
     flagged (a host too busy to carry the load, as ``tests.support.chaos_checks`` holds the
-    profile D trials to): the join and leave were not run, and nothing is judged."""
+    profile D trials to): the join and leave were not run, and nothing is judged. Its losses
+    decide nothing either (CI's busy host lost 146 baseline requests past their deadline in the
+    steady window), but each is the trial's own: the row and the summary count the same."""
     stack, repeat = trial.summary.stack, trial.summary.repeat
     journal = orjson.loads((out_dir / "chaos" / f"{stack}-g_elasticity-r{repeat}.journal.json")
                            .read_bytes())  # fmt: skip
@@ -64,7 +69,7 @@ def _held_before(trial: ElasticTrial, out_dir: Path) -> bool:
         "the steady state did not hold on a host the trial calls fine",
         summary.host_cpu_pct,
     )
-    assert trial.row.rollbacks_ok and trial.row.lost == 0
+    assert trial.row.rollbacks_ok and trial.row.lost == summary.lost, (trial.row, summary.lost)
     return False
 
 

@@ -9,10 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.elastic import Change, _joining_command, _wait_first_request, request_times
+from chaos.elastic import (
+    Change,
+    _joining_command,
+    _wait_first_request,
+    _wait_running,
+    request_times,
+)
 from chaos.elasticity import (
     Routed,
     TrialInputs,
@@ -97,6 +104,47 @@ def test_a_join_returns_once_the_new_replica_took_a_request(tmp_path: Path) -> N
     writer.join()
     assert request_times(log) == [(T0 + 1, "s1")]
     _wait_first_request(str(tmp_path / "never.jsonl"), timeout_s=0.1)  # no request: no error
+
+
+class ServeScaling:
+    """A controller's answers, one per poll (the last repeats): replicas running, and how many
+    it reports starting or stopping. A stand-in for Serve's controller in the wait's own logic
+    only; tests/chaos/test_elasticity.py scales the real one."""
+
+    def __init__(self, polls: list[tuple[list[int], int]]) -> None:
+        self.polls = polls
+        self.asked = 0
+
+    def _poll(self) -> tuple[list[int], int]:
+        self.asked += 1
+        return self.polls[min(self.asked, len(self.polls)) - 1]
+
+    def running_engines(self) -> list[int]:
+        return self._poll()[0]
+
+    def engines_changing(self) -> int:
+        return self.polls[min(self.asked, len(self.polls)) - 1][1]
+
+
+class ScaledTarget:
+    def __init__(self, kind: ServeScaling) -> None:
+        self.kind = kind
+
+
+def test_a_scale_past_its_allowance_is_waited_for_while_serve_still_starts_a_replica() -> None:
+    """The allowance (``ready_timeout_s``) is spent at once here; Serve still reports a replica
+    starting, so the wait goes on until it runs (tests-under-load: Serve took longer than the
+    smoke profile's 60 s to start one, and the join failed while it was starting)."""
+    kind = ServeScaling([([1, 2], 1), ([1, 2], 1), ([1, 2, 3], 0)])
+    assert _wait_running(ScaledTarget(kind), 3, timeout_s=0) == [1, 2, 3]  # type: ignore[arg-type]
+    assert kind.asked == 3
+
+
+def test_a_scale_past_its_allowance_with_nothing_starting_fails_at_once() -> None:
+    kind = ServeScaling([([1, 2], 0)])
+    with pytest.raises(RuntimeError, match="2 engine replicas running, not 3"):
+        _wait_running(ScaledTarget(kind), 3, timeout_s=0)  # type: ignore[arg-type]
+    assert kind.asked == 1
 
 
 def test_a_joining_replica_gets_its_own_port_name_and_accounting() -> None:

@@ -20,6 +20,9 @@ from harness.stacks import Stack, StackName, StackSpec, stand_up
 from harness.telemetry.engine import metrics_settings
 from serving.engine import SimConfig, SimEngine
 from serving.engine.settings import EngineSettings, settings_from_labels, settings_labels
+from tests.support.waiting import STACK_IN_A_FIXTURE
+
+pytestmark = STACK_IN_A_FIXTURE
 
 SIM = EngineSettings(
     max_num_seqs=256,

@@ -23,8 +23,10 @@ import pytest
 from harness.stacks import Stack, StackName, StackSpec, VllmServer, stand_up
 from tests.support.peer_tools import check_bench_result, listed_model, vllm_bench_serve
 from tests.support.replica_thread import replica_in_thread
+from tests.support.waiting import STACK_IN_A_FIXTURE
 
 pytestmark = [
+    STACK_IN_A_FIXTURE,
     pytest.mark.vllm,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,

@@ -11,7 +11,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final
 
+import pytest
+
 HANG_GUARD_S: Final = 60.0  # no pass comes near it; it only turns a hang into a failure
+STACK_IN_A_FIXTURE: Final = pytest.mark.timeout(func_only=True)
+"""The hang guard (pytest-timeout) of a module whose fixture stands a stack up holds each test's
+own call: counted in the first test, as pytest-timeout counts a fixture's set-up by default, a
+stand-up slow under load (guarded by its own ``STAND_UP_GUARD_S`` and ``START_GUARD_S``) took
+a chaos experiment past 900 s."""
 
 
 async def eventually(
