@@ -342,18 +342,26 @@ def wait_ready(
     """Rollback: wait until every engine replica (and the orchestrator) is alive and answering.
 
     For the baseline this waits for Serve to replace what a fault took, then refreshes the
-    target file's pids; raises when the stack is not whole again within ``timeout_s``.
+    target file's pids; raises when the stack is not whole again within ``timeout_s``, or, past
+    it, while its controller reports a replica starting or stopping (a replacement under way: a
+    loaded host took Serve past 60 s to replace one that missed its health checks), once that
+    ends or at the start's hang guard (``START_GUARD_S``).
     """
     path = target_path(configuration)
     target = load_target(configuration)
     start = time.monotonic()
     deadline = start + timeout_s
-    while not _ready(target) and time.monotonic() < deadline:
+    guard = deadline + START_GUARD_S
+    while not _ready(target):
+        now = time.monotonic()
+        if now >= guard or (now >= deadline and not target.kind.replicas_changing()):
+            break
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
     key = target.default_api_key
+    answer_by = max(deadline, time.monotonic() + LISTEN_TIMEOUT_S)
     healthy = _ready(target) and all(
-        _wait_listening(u, deadline, target.tls_ca, target.health_path, key) for u in urls
+        _wait_listening(u, answer_by, target.tls_ca, target.health_path, key) for u in urls
     )
     if not healthy:
         raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")

@@ -178,7 +178,7 @@ def _wait_running(target: Target, want: int, timeout_s: float) -> list[int]:
         if len(running) == want:
             return running
         now = time.monotonic()
-        if now >= guard or (now >= allowance and not target.kind.engines_changing()):
+        if now >= guard or (now >= allowance and not target.kind.replicas_changing()):
             raise RuntimeError(f"{len(running)} engine replicas running, not {want}, after "
                                f"{timeout_s} s")  # fmt: skip
         time.sleep(SERVE_POLL_S)

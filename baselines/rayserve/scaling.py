@@ -76,6 +76,9 @@ def running_pids() -> list[int]:
 
 
 def changing_count() -> int:
-    """How many engine replicas Serve reports in any state but running (starting, updating,
-    recovering, stopping): a scale still under way."""
-    return sum(r.state != RUNNING for r in engine_replicas())
+    """How many replicas of the app (its ingress and its engines) Serve reports in any state but
+    running (starting, updating, recovering, stopping): a scale or a replacement under way."""
+    deployments = _client().get_serve_details()["applications"][APP_NAME]["deployments"]
+    return sum(
+        _text(r["state"]) != RUNNING for d in deployments.values() for r in d.get("replicas", [])
+    )

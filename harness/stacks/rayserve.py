@@ -165,7 +165,7 @@ class RayServeKind(StackKind):
 
         return running_pids()
 
-    def engines_changing(self) -> int:
+    def replicas_changing(self) -> int:
         from baselines.rayserve.scaling import changing_count
 
         return changing_count()

@@ -253,6 +253,58 @@ def test_a_restarted_replica_that_exits_fails_the_rollback_and_says_so(tmp_path:
         actions.restart_replicas(timeout_s=0.1, configuration=conf)
 
 
+@pytest.fixture
+def healthy_target(tmp_path: Path) -> Iterator[Path]:
+    """A target file whose one replica answers ``/health`` (a bare HTTP server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", SLOW_START, str(port), "0"])
+    url = f"http://127.0.0.1:{port}"
+    replica = ReplicaSpec(url, server.pid, port, [], str(tmp_path / "replica.log"))
+    target = Target(stack="zerolayer", load_urls=[url], protocol="h2", replicas=[replica],
+                    pids={"replica": [server.pid]}, engine_replicas=1)  # fmt: skip
+    try:
+        yield write_target(tmp_path / "target.json", target)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _whole_after(monkeypatch: pytest.MonkeyPatch, polls: int, changing: int) -> list[int]:
+    """The stack is whole from the ``polls``-th look on; its controller reports ``changing``
+    replicas starting or stopping meanwhile. Returns the looks' count, as it grows."""
+    looks = [0]
+
+    def ready(target: Target) -> bool:
+        looks[0] += 1
+        return looks[0] >= polls
+
+    monkeypatch.setattr(actions, "_ready", ready)
+    monkeypatch.setattr(type(stack_kind("zerolayer")), "replicas_changing", lambda _: changing)
+    return looks
+
+
+def test_a_stack_not_whole_past_its_allowance_is_waited_for_while_a_replacement_runs(
+    healthy_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests-under-load: Serve replaced a replica that missed its health checks, and the rollback
+    gave up at the profile's 60 s while the replacement was starting. Here the allowance is
+    spent at once, and the controller reports a replica starting until the stack is whole."""
+    looks = _whole_after(monkeypatch, polls=3, changing=1)
+    out = actions.wait_ready(timeout_s=0, configuration={"target_file": str(healthy_target)})
+    assert out["ready"] is True and looks[0] >= 3
+
+
+def test_a_stack_not_whole_past_its_allowance_with_nothing_starting_fails_at_once(
+    healthy_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks = _whole_after(monkeypatch, polls=1_000, changing=0)
+    with pytest.raises(RuntimeError, match="the zerolayer stack is not whole after 0 s"):
+        actions.wait_ready(timeout_s=0, configuration={"target_file": str(healthy_target)})
+    assert looks[0] <= 3
+
+
 def test_acting_on_a_missing_component_records_its_absence(
     sleeper: tuple[Path, subprocess.Popen[bytes]],
 ) -> None:

@@ -122,7 +122,7 @@ class ServeScaling:
     def running_engines(self) -> list[int]:
         return self._poll()[0]
 
-    def engines_changing(self) -> int:
+    def replicas_changing(self) -> int:
         return self.polls[min(self.asked, len(self.polls)) - 1][1]
 
 

@@ -121,7 +121,7 @@ def run_and_check(
     assert records and row.requests == len(records)
     _loses_nothing_where_the_host_carried_the_load(row, journal, records)
     assert all(r.error_code for r in records if r.outcome == "error")
-    assert row.completed + row.failed == row.requests
+    assert row.completed + row.failed + row.lost == row.requests
     assert row.engine_replicas == stack.spec.replicas
     telemetry = read_jsonl(chaos_dir / f"telemetry-{stack.name}-{name}.jsonl")
     engines = {r["name"] for r in telemetry if r.get("source") == "engine" and r.get("up")}

@@ -218,9 +218,9 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
     """A real replica stalls once for 1 s (SIGSTOP/SIGCONT) during a 10 s, 100 req/s run.
 
     One connection slot, as a closed-loop client would have: only the request in flight when
-    the stall starts waits from its actual send, so p99 from actual send stays near the median,
-    while the ~100 requests the stall held back show it from their intended send times. Judged
-    against the stall as measured and the run's own median, not the host's speed.
+    the stall starts waits through it from its actual send, while the ~100 requests the stall
+    held back show it from their intended send times. Judged as counts of the two series past
+    the stall as measured above the run's own median, not against the host's speed.
     """
     sched = build_schedule(_profile(rate=100.0, duration_s=10.0, max_tokens=4))
     assert len(sched) == 1000
@@ -258,11 +258,12 @@ def test_coordinated_omission_stall_is_seen_from_intended_send(tmp_path: Path) -
     waited = s["median_e2el_ms"] + 0.5 * stall_ms
     from_sent = [r for r in result.records if (r.end_ns - r.sent_ns) / 1e6 > waited]
     from_intended = [r for r in result.records if (r.end_ns - r.intended_start_ns) / 1e6 > waited]
-    # A loaded host may stall the loader itself for a moment and hold one more request past the
-    # bar from its actual send (CI saw it); what is judged is which series shows the stall.
+    # A loaded host may stall the loader itself and hold requests past the bar from their
+    # actual send (CI saw one; tests-under-load more than 1 %, a p99 of 635 ms against a bar of
+    # 509 ms): what is judged is which series shows the stall, ten times over.
     assert len(from_intended) >= 20, "the requests the stall held back show it"
     assert 10 * len(from_sent) <= len(from_intended), (len(from_sent), len(from_intended))
-    assert s["p99_e2el_ms"] < waited < s["p99.9_e2el_intended_ms"]
+    assert waited < s["p99.9_e2el_intended_ms"]  # the summary's own figure shows it too
     assert s["p99_client_queue_ms"] > 0.25 * stall_ms  # the held-back requests waited in the client
 
 
