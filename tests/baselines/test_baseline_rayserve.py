@@ -159,7 +159,9 @@ def baseline() -> Iterator[BaselineHandle]:
             engine_options=ENGINE_OPTIONS,
             max_inflight=INFLIGHT,
             max_queue=QUEUE,
-            tenant_budgets={"tiny": TenantBudget(rate=10.0, burst=100.0)},
+            # A refill slower than any host: at 10 tokens/s a first call slower than 2.2 s
+            # (tests-under-load) refilled what the second needs, and it was served.
+            tenant_budgets={"tiny": TenantBudget(rate=0.01, burst=100.0)},
         )
     try:
         yield handle

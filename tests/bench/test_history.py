@@ -144,8 +144,12 @@ def test_every_query_in_the_docs_runs_as_written_and_returns_rows(
     queries = SQL.findall((DOCS / "history.md").read_text(encoding="utf-8"))
     assert len(queries) >= 6
     monkeypatch.chdir(root)
+    trials = "'results/store/trials/*.parquet'"
+    (deciding,) = duckdb.sql(f"SELECT count(*) FROM {trials} WHERE decides").fetchone() or (0,)
     for query in queries:
-        assert duckdb.sql(query).fetchall(), query
+        # Each returns rows; one that keeps deciding trials only may not, where the host was too
+        # busy for any trial of the smoke run to decide (tests-under-load: all flagged).
+        assert duckdb.sql(query).fetchall() or ("decides" in query and not deciding), query
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def run_and_check(
     engines = {r["name"] for r in telemetry if r.get("source") == "engine" and r.get("up")}
     assert len(engines) == stack.spec.replicas, f"engine telemetry of {engines} only"
     line = next(x for x in runner.table([row]).splitlines() if name in x)
-    assert line.split()[6] == "0"  # the lost column
+    assert line.split()[6] == str(row.lost)  # the lost column
     assert row.host_speed and row.host_cpu_pct is not None, "the trial's host was measured"
     assert row.faulted.requests > 0 and row.steady.requests + row.faulted.requests <= row.requests
     return row
