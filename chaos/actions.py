@@ -345,7 +345,9 @@ def wait_ready(
     target file's pids; raises when the stack is not whole again within ``timeout_s``, or, past
     it, while its controller reports a replica starting or stopping (a replacement under way: a
     loaded host took Serve past 60 s to replace one that missed its health checks), once that
-    ends or at the start's hang guard (``START_GUARD_S``).
+    ends or at the start's hang guard (``START_GUARD_S``). A whole stack's health is waited for
+    up to the same guard: its parts live, and a saturated host answers late, not never. The
+    error says which it was: the parts found, or the URLs that did not answer.
     """
     path = target_path(configuration)
     target = load_target(configuration)
@@ -359,12 +361,14 @@ def wait_ready(
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
     key = target.default_api_key
-    answer_by = max(deadline, time.monotonic() + LISTEN_TIMEOUT_S)
-    healthy = _ready(target) and all(
-        _wait_listening(u, answer_by, target.tls_ca, target.health_path, key) for u in urls
-    )
-    if not healthy:
-        raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s")
+    answer_by = max(guard, time.monotonic() + LISTEN_TIMEOUT_S)
+    whole = _ready(target)
+    silent = [] if not whole else [
+        u for u in urls if not _wait_listening(u, answer_by, target.tls_ca, target.health_path, key)
+    ]  # fmt: skip
+    if not whole or silent:
+        state = f"no answer from {', '.join(silent)}" if whole else f"found {live_pids(target)}"
+        raise RuntimeError(f"the {target.stack} stack is not whole after {timeout_s} s ({state})")
     if target.kind.restore is Restore.BY_CONTROLLER:  # the controller's replacements: new pids
         target.pids = live_pids(target)
         write_target(path, target)
