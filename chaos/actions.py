@@ -336,6 +336,13 @@ def _ready(target: Target) -> bool:
     return target.kind.is_whole(live_pids(target), target.engine_replicas)
 
 
+def start_given_up(target: Target, allowance: float, guard: float) -> bool:
+    """Whether a wait for a start ends now: past its hang guard, or past its allowance with
+    nothing the stack's controller reports starting or stopping (``replicas_changing``)."""
+    now = time.monotonic()
+    return now >= guard or (now >= allowance and not target.kind.replicas_changing())
+
+
 def wait_ready(
     timeout_s: float = LISTEN_TIMEOUT_S, configuration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -354,10 +361,7 @@ def wait_ready(
     start = time.monotonic()
     deadline = start + timeout_s
     guard = deadline + START_GUARD_S
-    while not _ready(target):
-        now = time.monotonic()
-        if now >= guard or (now >= deadline and not target.kind.replicas_changing()):
-            break
+    while not _ready(target) and not start_given_up(target, deadline, guard):
         time.sleep(READY_POLL_S)
     urls = [s.url for s in target.replicas] or [target.health_url]
     key = target.default_api_key

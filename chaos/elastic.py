@@ -40,7 +40,7 @@ from typing import Any, Final
 import orjson
 
 from baselines.rayserve.config import REQUESTS_PREFIX
-from chaos.actions import _wait_listening, alive
+from chaos.actions import _wait_listening, alive, start_given_up
 from chaos.targets import ReplicaSpec, Target, load_target, target_path, write_target
 from harness.stacks import Scaling
 from harness.stacks.processes import START_GUARD_S, spawn_replica, stop_pids, wait_listening
@@ -177,8 +177,7 @@ def _wait_running(target: Target, want: int, timeout_s: float) -> list[int]:
         running = target.kind.running_engines()
         if len(running) == want:
             return running
-        now = time.monotonic()
-        if now >= guard or (now >= allowance and not target.kind.replicas_changing()):
+        if start_given_up(target, allowance, guard):
             raise RuntimeError(f"{len(running)} engine replicas running, not {want}, after "
                                f"{timeout_s} s")  # fmt: skip
         time.sleep(SERVE_POLL_S)
