@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,11 @@ def baseline() -> Iterator[BaselineHandle]:
             # A refill slower than any host: at 10 tokens/s a first call slower than 2.2 s
             # (tests-under-load) refilled what the second needs, and it was served.
             tenant_budgets={"tiny": TenantBudget(rate=0.01, burst=100.0)},
+            # The full-queue test pauses both engine replicas until the ingress has refused what
+            # it must; Serve replaces a replica whose health check outlasts this (5 s by
+            # default), so it waits the hang guard. A killed replica is replaced at once anyway:
+            # Ray reports its actor dead.
+            health_check_timeout_s=HANG_S,
         )
     try:
         yield handle
@@ -312,19 +318,47 @@ def test_tenant_over_budget_gets_429_budget_exceeded(port: int) -> None:
     assert call(port, "/v1/completions", body, {"zl-tenant": "other"}).status == 200
 
 
-def test_full_queue_gets_429_queue_full_with_a_retry_hint(port: int) -> None:
-    body = {"prompt": "long", "max_tokens": 300, "stream": True}
-    jobs = [(port, "/v1/completions", body, {"zl-session": f"q{i}"}) for i in range(24)]
-    replies = concurrently(jobs)
-    refused = [r for r in replies if r.status == 429]
-    assert {r.status for r in replies} <= {200, 429}
-    assert len(refused) >= 24 - INFLIGHT - QUEUE
-    for reply in refused:
+def test_full_queue_gets_429_queue_full_with_a_retry_hint(
+    baseline: BaselineHandle, port: int
+) -> None:
+    """With both engine replicas paused (SIGSTOP) no slot of the ingress frees, however slow the
+    host: of 24 requests 16 hold the slots, 2 wait in line, and exactly the other 6 are refused at
+    once with ``queue_full`` and a retry hint; the 18 finish once the engines run again.
+
+    Streams of 300 tokens held the slots before, which a loaded host did not keep held until the
+    last of the 24 arrived (tests-under-load). The calls and Serve's health checks (see
+    ``baseline``) wait the hang guard, not a time sized on a quiet host."""
+    body = {"prompt": "long", "max_tokens": 8, "stream": True}
+    waits = {"zl-deadline-ms": str(round(HANG_S * 1000))}
+    jobs = [(port, "/v1/completions", body, {"zl-session": f"q{i}", **waits}, HANG_S)
+            for i in range(24)]  # fmt: skip
+    refusals = len(jobs) - INFLIGHT - QUEUE
+    engines = [psutil.Process(pid) for pid in baseline.pids()["engine"]]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        for engine in engines:
+            engine.suspend()
+        try:
+            futures = [pool.submit(call, *job) for job in jobs]
+            wait_for(lambda: sum(f.done() for f in futures) >= refusals and _gate(port) == (
+                INFLIGHT, QUEUE), HANG_S, "a full gate and its refusals")  # fmt: skip
+            answered_while_paused = [f.result() for f in futures if f.done()]
+        finally:
+            for engine in engines:
+                engine.resume()
+        replies = [f.result(HANG_S + 5) for f in futures]
+    assert [r.status for r in answered_while_paused] == [429] * refusals
+    for reply in answered_while_paused:
         assert reply.headers["zl-error"] == "queue_full"
         assert int(reply.headers["retry-after-ms"]) >= 10
-    for reply in replies:
-        if reply.status == 200:
-            assert reply.events()[-1] == "[DONE]"
+    served = [r for r in replies if r.status != 429]
+    assert len(served) == INFLIGHT + QUEUE, [(r.status, r.error) for r in served]
+    assert all(r.status == 200 and r.events()[-1] == "[DONE]" for r in served)
+
+
+def _gate(port: int) -> tuple[int, int]:
+    """The ingress's FIFO gate as its ``/health`` reports it: slots held, requests in line."""
+    health = orjson.loads(call(port, "/health").body)
+    return health["inflight"], health["queued"]
 
 
 def test_deadline_mid_stream_ends_with_an_error_event(port: int) -> None:
