@@ -26,13 +26,13 @@ from harness.errors import StartFailed
 from serving.cpus import CpuLayout, engine_cores, pin_threads
 
 LISTENING: Final = re.compile(r"zl-replica listening on (https?://\S+)")
-READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 10.0
 POLL_S: Final = 0.05
 VLLM_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 START_GUARD_S: Final = 600.0
 """A process start's hang guard, not a pace: a start that fails exits, and that is caught at
-once; one still running is still starting (CI's loaded host took minutes to import a replica)."""
+once; one still running is still starting (CI's loaded host took minutes to import a replica;
+tests-under-load saw a sim replica not listening after the fixed 60 s it once had)."""
 VLLM_READY_TIMEOUT_S: Final = START_GUARD_S
 """A vLLM engine's start (its replica's or vLLM's own server's). It takes about 30 s alone on 2
 cores, but replicas start together, and CI saw one past 240 s beside the tests session."""
@@ -210,7 +210,7 @@ class ReplicaProcess:
         extra_args: Sequence[str] = (),
         tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
         log_path: str | Path | None = None,
-        ready_timeout_s: float = READY_TIMEOUT_S,
+        ready_timeout_s: float = START_GUARD_S,
         wait: bool = True,
         host: str = "127.0.0.1",
         preexec: Callable[[], None] | None = None,

@@ -18,6 +18,7 @@ from harness.stacks import (
     REACH_TIMEOUT_S,
     STACK_KINDS,
     STACKS,
+    START_GUARD_S,
     Fault,
     Http1Router,
     Restore,
@@ -43,6 +44,7 @@ from harness.stacks import (
 from harness.stacks.external import ExternalKind
 from harness.stacks.processes import StartFailed, VllmServer
 from harness.stacks.rayserve import RayServeKind, RayServeLlmKind
+from harness.stacks.zerolayer import ZeroLayerKind
 from harness.workload import PlannedRequest
 from serving.engine.vllm_engine import CPU_DEFAULTS, server_flags
 from tests.support.httpserver import answering_url
@@ -135,6 +137,28 @@ def test_a_killed_replica_comes_back_with_its_command_and_is_adopted(tmp_path: P
         assert stack.pids()["replica"] == [stack.replicas[0].pid, proc.pid]
         assert len(_complete(stack)) == 8
     assert proc.poll() is not None, "close() stops an adopted replica too"
+
+
+@pytest.mark.parametrize("engine", ["sim", "null"])
+def test_every_zero_layer_replica_start_is_held_only_by_the_start_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """A start that fails exits, and ``wait_listening`` says so at once; one still running is
+    still starting. A sim replica was held to a fixed 60 s, and a loaded host's did not listen in
+    it (tests-under-load: 'replica zl-0 did not start: not listening in time; no output')."""
+    asked: list[float] = []
+
+    class Started:
+        def __init__(self, *args: object, ready_timeout_s: float, **kwargs: object) -> None:
+            asked.append(ready_timeout_s)
+
+        def wait_ready(self) -> str:
+            return ""
+
+    monkeypatch.setattr("harness.stacks.zerolayer.ReplicaProcess", Started)
+    spec = StackSpec(StackName.ZEROLAYER, engine=engine, replicas=2)
+    assert len(ZeroLayerKind._start_replicas(spec, tmp_path, None)) == 2
+    assert asked == [START_GUARD_S, START_GUARD_S]
 
 
 def test_vllm_serve_is_a_stack_asked_for_by_name_and_needs_the_vllm_engine(tmp_path: Path) -> None:

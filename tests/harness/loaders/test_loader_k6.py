@@ -22,7 +22,7 @@ from harness.loaders.k6 import (
 from harness.schema import read_requests
 from harness.stacks import StackName, StackSpec, stand_up
 from harness.workload import build_schedule
-from tests.support.loader_checks import assert_spread, profile_at, served
+from tests.support.loader_checks import HANG_DEADLINE_MS, assert_spread, profile_at, served
 
 
 def test_parse_maps_k6_lines_to_records(tmp_path: Path) -> None:
@@ -100,7 +100,9 @@ def test_k6_spreads_over_every_replica_with_http2_over_tls(tmp_path: Path) -> No
     each replica's own /metrics counts what the plan sent it; a Poisson profile is labelled as
     sent at a constant rate; TTFT is labelled time to first byte."""
     assert Path(k6_binary()).name == "k6"
-    profile = profile_at(rate=100.0, duration_s=2.0, max_tokens=4, process="poisson")
+    profile = profile_at(
+        rate=100.0, duration_s=2.0, max_tokens=4, process="poisson", deadline_ms=HANG_DEADLINE_MS
+    )
     sched = build_schedule(profile)
     tls = needs_tls("k6", StackName.ZEROLAYER)
     spec = StackSpec(StackName.ZEROLAYER, engine="sim", replicas=2, tls=tls)
