@@ -27,6 +27,7 @@ from typing import Any, Final
 import psutil
 
 from harness.stacks.processes import (
+    START_GUARD_S,
     ReplicaProcess,
     VllmServer,
     descendants,
@@ -140,7 +141,7 @@ class NodeAgent:
         extra_args: Sequence[str] = (),
         tls: tuple[bytes, bytes] | None = None,
         key_file: bytes | None = None,
-        ready_timeout_s: float = 60.0,
+        ready_timeout_s: float = START_GUARD_S,
     ) -> Started:
         """A ``zl-replica`` on this node listening on ``host``, waited for until it listens;
         ``key_file``: the run's API keys, written here for its ``--api-keys``."""

@@ -96,11 +96,10 @@ class ZeroLayerKind(StackKind):
         auth_args = [] if creds is None else ["--api-keys", str(creds.key_file)]
         # Every start waits while its process runs (one that fails exits, and is caught at
         # once): a real vLLM engine takes ~30 s alone on 2 cores, a loaded host's sim minutes.
-        ready_timeout_s = START_GUARD_S
         if spec.ray_address:
             from harness.stacks.placed import start_replicas
 
-            return list(start_replicas(spec, workdir, tls, ready_timeout_s))
+            return list(start_replicas(spec, workdir, tls, START_GUARD_S))
         try:
             for i in range(spec.replicas):
                 started.append(
@@ -111,7 +110,7 @@ class ZeroLayerKind(StackKind):
                         extra_args=[*auth_args, "--kv-watch", str(kv_watch_path(workdir, i))],
                         tls=tls,
                         log_path=workdir / f"zl-replica-{i}.log",
-                        ready_timeout_s=ready_timeout_s,
+                        ready_timeout_s=START_GUARD_S,
                         wait=False,
                         cpus=spec.cpu_layout,
                         replica=i,
