@@ -80,6 +80,8 @@ class Outcome:
     skipped: str = ""
     seconds: float = 0.0
     failures: tuple[str, ...] = field(default=())
+    replica_log: tuple[str, ...] = ()
+    """The replica's last log lines, kept only when the attack failed: why a connection went."""
 
     @property
     def passed(self) -> bool:
@@ -103,7 +105,11 @@ class Outcome:
             f"{mib(self.rss_after)} (peak {mib(self.rss_peak)}, bound "
             f"+{mib(self.rss_bound)}); active {active}"
         )
-        return text + "".join(f"\n{'':<26}- {failure}" for failure in self.failures)
+        text += "".join(f"\n{'':<26}- {failure}" for failure in self.failures)
+        if self.replica_log:
+            text += f"\n{'':<26}replica's log, last lines:"
+            text += "".join(f"\n{'':<28}{line}" for line in self.replica_log)
+        return text
 
 
 def judge(

@@ -137,6 +137,7 @@ def run_attack(attack: Attack, seconds: float = DEFAULT_SECONDS, engine: str = "
                 active = None if target.killed else target.settle(SETTLE_TIMEOUT_S)
                 after = rss.sample()
                 peak = rss.peak
+            log_tail = target.log_tail()
         finally:
             if healthy is not None:
                 healthy.kill()
@@ -159,6 +160,7 @@ def run_attack(attack: Attack, seconds: float = DEFAULT_SECONDS, engine: str = "
         problems=observed.problems,
         seconds=round(elapsed, 2),
         failures=failures,
+        replica_log=log_tail if failures else (),
     )
 
 

@@ -38,6 +38,10 @@ the RSS bound (``outcome.RssBound``) is tight."""
 RSS_SAMPLE_S: Final = 0.05
 HEALTH_TIMEOUT_S: Final = 2.0
 POLL_S: Final = 0.1
+LOG_LEVEL: Final = "INFO"
+"""The replica under attack logs what its limits did (a PING unanswered, a preface late, a
+stream reset for an unread response), so a failed attack shows why a connection went."""
+LOG_TAIL_LINES: Final = 20
 
 
 class RssSampler:
@@ -108,7 +112,9 @@ class Target:
     ) -> None:
         self.limits: Limits = DEFAULT_LIMITS.with_overrides(dict(limits))
         args = [arg for name, value in limits.items() for arg in ("--limit", f"{name}={value}")]
-        self.process = ReplicaProcess(engine, extra_args=[*args, *extra_args])
+        self.process = ReplicaProcess(
+            engine, extra_args=[*args, "--log-level", LOG_LEVEL, *extra_args]
+        )
         parts = urlsplit(self.process.url)
         self.url = self.process.url
         self.host = parts.hostname or "127.0.0.1"
@@ -149,6 +155,15 @@ class Target:
             if active == 0 or time.monotonic() >= deadline:
                 return active
             time.sleep(POLL_S)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+        """The last ``lines`` lines of the replica's output (read before :meth:`stop`, which
+        removes the file)."""
+        try:
+            text = self.process.log_path.read_text(errors="replace")
+        except OSError:
+            return ()
+        return tuple(text.splitlines()[-lines:])
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (the accounting attack)."""

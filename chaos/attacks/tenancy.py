@@ -161,7 +161,7 @@ def _priority_verdict(
     said = (
         f"refused {refused:,} of {sent:,} spoofed high requests; the queued normal request "
         f"(deadline {deadline_ms:,} ms) answered {victim_status}"
-        f"{'' if completed else ' (did not complete)'}"
+        f"{'' if completed else f' (did not complete: {_why_unfinished(victim, sid)})'}"
     )
     problems = []
     if refused < sent:
@@ -169,6 +169,18 @@ def _priority_verdict(
     if not completed:
         problems.append(f"the normal request missed its {deadline_ms:,} ms deadline")
     return Observed(said, tuple(problems))
+
+
+def _why_unfinished(conn: HostileH2, sid: int) -> str:
+    """How a stream that did not complete ended: its reset, its connection's end, or none."""
+    tally = conn.tally
+    if sid in tally.reset_ids:
+        return f"reset {', '.join(tally.resets)}"
+    if tally.goaway:
+        return f"GOAWAY {tally.goaway}"
+    if tally.closed:
+        return "the replica closed the connection"
+    return "no end before the wait gave up"
 
 
 def accounting_setup(workdir: Path) -> Setup:

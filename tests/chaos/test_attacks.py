@@ -5,15 +5,18 @@ bound and ``active`` returns to 0. Plus the judging and the command line's user 
 from __future__ import annotations
 
 import http.server
+import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import cast
 
 import pytest
 
 from bench.cli import main
-from chaos.attacks import connections
+from chaos.attacks import connections, tenancy
 from chaos.attacks.context import Context, Setup
+from chaos.attacks.h2raw import HANG_S, HostileH2, Tally
 from chaos.attacks.outcome import RSS_SLACK_BYTES, SETTLE_TIMEOUT_S, Observed, RssBound, judge
 from chaos.attacks.runner import ATTACKS, NAMES, Attack, run_attack, select
 from chaos.attacks.target import Target
@@ -97,6 +100,39 @@ def test_the_close_after_an_answer_is_waited_for_and_told_from_a_later_idle_clos
         ctx = Context(target, 1.0, Path("."))
         status, closed = connections._one_request(ctx, b"POST / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert (status, closed) == ("400 bad_request", not keeps)
+
+
+def test_a_failed_attack_keeps_the_replica_log_and_a_passed_one_does_not() -> None:
+    """Why a connection went is in the replica's log (INFO: a PING unanswered, a preface
+    late), which the replica's stop removes: a failure keeps its last lines, shown in its line."""
+
+    def preface_late(ctx: Context) -> Observed:
+        with socket.create_connection((ctx.target.host, ctx.target.port)) as sock:
+            sock.settimeout(HANG_S)
+            closed = sock.recv(1) == b""  # nothing sent: the header timeout closes it
+        return Observed("x", ("a problem",) if closed else ())
+
+    failed = run_attack(Attack("x", 8, preface_late, healthy=False), SECONDS)
+    assert failed.failures == ("a problem",), failed.line()
+    assert any("header_timeout_s" in line for line in failed.replica_log), failed.replica_log
+    assert "header_timeout_s" in failed.line()
+    passed = run_attack(Attack("x", 8, lambda ctx: Observed("x"), healthy=False), SECONDS)
+    assert passed.passed and passed.replica_log == ()
+
+
+@pytest.mark.parametrize(
+    ("tally", "says"),
+    [
+        (Tally(resets=Counter({"CANCEL": 1}), reset_ids={1}), "reset CANCEL"),
+        (Tally(goaway="NO_ERROR", closed=True), "GOAWAY NO_ERROR"),
+        (Tally(closed=True), "the replica closed the connection"),
+        (Tally(), "no end before the wait gave up"),
+    ],
+)
+def test_an_unfinished_victim_says_how_its_stream_ended(tally: Tally, says: str) -> None:
+    conn = HostileH2("127.0.0.1", 1, connect=False)
+    conn.tally = tally
+    assert tenancy._why_unfinished(conn, 1) == says
 
 
 def test_rss_bound_counts_connections_and_their_budgets() -> None:
