@@ -82,13 +82,18 @@ def call(
     body: dict[str, Any] | bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = TIMEOUT_S,
+    headed: threading.Event | None = None,
 ) -> Reply:
-    """One request on a fresh keep-alive-capable connection; transport failures are recorded."""
+    """One request on a fresh keep-alive-capable connection; transport failures are recorded.
+    ``headed`` is set once the response's head has arrived (a stream's comes with its first
+    token: the ingress answers once it has one)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     raw = body if isinstance(body, bytes) else None if body is None else orjson.dumps(body)
     try:
         conn.request("GET" if raw is None else "POST", path, body=raw, headers=headers or {})
         response = conn.getresponse()
+        if headed is not None:
+            headed.set()
         status, head = response.status, {k.lower(): v for k, v in response.getheaders()}
         try:
             return Reply(status, head, response.read())
@@ -636,48 +641,55 @@ def test_openai_client_unknown_field_is_ignored(client: openai.OpenAI, model: st
     assert response.choices[0].finish_reason == "length"
 
 
-def _in_flight_together(port: int, runner: threading.Thread, count: int) -> bool:
-    """Whether ``count`` requests were in flight at once before ``runner`` ended. An event, not a
-    time: on a loaded host the first prefills may end before the last request is dispatched."""
+def _in_flight_before_a_first_token(
+    port: int, runner: threading.Thread, headed: threading.Event, count: int
+) -> bool:
+    """Whether ``count`` requests were in flight at once before any of them had its first token
+    (its response head). Events, not times: on a loaded host the prefills may end, or the
+    ``/health`` that says they are all in flight may come, after the first tokens."""
     end = time.monotonic() + HANG_S
-    while runner.is_alive():
+    while runner.is_alive() and not headed.is_set():
         if orjson.loads(call(port, "/health").body)["inflight"] >= count:
-            return True
+            return not headed.is_set()
         assert time.monotonic() < end, f"{count} requests not in flight within {HANG_S} s"
-        time.sleep(0.2)
+        time.sleep(0.1)
     return False
 
 
-def _long_prefills(port: int, tokens: int, count: int) -> tuple[threading.Thread, list[Reply]]:
+def _long_prefills(
+    port: int, tokens: int, count: int
+) -> tuple[threading.Thread, list[Reply], threading.Event]:
     """``count`` streamed requests of ``tokens``-token prompts (each its own prefix and session),
-    sent at once from a thread; their replies fill the list as the thread ends."""
+    sent at once from a thread; their replies fill the list as the thread ends, and the event is
+    set when the first of them has its first token."""
     prompt = "p" * (4 * tokens)
+    headed = threading.Event()
     jobs = [
         (port, "/v1/completions", {"prompt": f"{tokens}-{i}{prompt}", "max_tokens": 4,
-         "stream": True}, {"zl-session": f"kill-{i}"}, HANG_S)
+         "stream": True}, {"zl-session": f"kill-{i}"}, HANG_S, headed)
         for i in range(count)
     ]  # fmt: skip
     replies: list[Reply] = []
     runner = threading.Thread(target=lambda: replies.extend(concurrently(jobs)))
     runner.start()
-    return runner, replies
+    return runner, replies, headed
 
 
 def test_engine_replica_killed_before_first_token_is_retried_and_replaced(
     baseline: BaselineHandle, port: int
 ) -> None:
-    """Ten long prefills in flight at once, one replica killed under them. The prompt doubles
-    until the host dispatches all ten before the first ends (12k tokens on a quiet host)."""
+    """Ten long prefills in flight at once, one replica killed under them before any has its
+    first token. The prompt doubles until the host shows all ten in flight before the first
+    token (12k tokens on a quiet host, whose five prefills on one replica take 1.5 s)."""
     before = baseline.pids()["engine"]
     victim = before[0]
-    for tokens in (12_000, 24_000, 48_000):
-        runner, replies = _long_prefills(port, tokens, 10)
-        if _in_flight_together(port, runner, 10):
+    for tokens in (12_000, 24_000, 48_000, 96_000):
+        runner, replies, headed = _long_prefills(port, tokens, 10)
+        if _in_flight_before_a_first_token(port, runner, headed, 10):
             break
         runner.join()
     else:
-        pytest.fail("ten prefills of 48k tokens were never in flight at once")
-    time.sleep(0.1)
+        pytest.fail("ten prefills of 96k tokens were never in flight at once before a first token")
     os.kill(victim, signal.SIGKILL)
     runner.join(HANG_S + 10)
     assert len(replies) == 10
