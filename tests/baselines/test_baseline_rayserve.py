@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,10 +30,10 @@ from baselines.rayserve import BaselineHandle, start_baseline
 from baselines.rayserve.config import (
     PROXY_READY_CHECK_S,
     QUEUE_LENGTH_DEADLINE_S,
-    REQUESTS_PREFIX,
     STAND_UP_GUARD_S,
     TenantBudget,
 )
+from chaos.elasticity import engine_routed
 from serving.engine import EngineRequest, make_engine
 from serving.wire.tokens import count_prompt_tokens, request_seed
 from tests.support.replica_thread import replica_in_thread
@@ -651,12 +652,9 @@ def test_openai_client_unknown_field_is_ignored(client: openai.OpenAI, model: st
 
 def _received(stats_dir: Path, sessions: set[str]) -> dict[int, int]:
     """How many of ``sessions`` each engine replica (pid) has received, from its request log."""
-    counts: dict[int, int] = {}
-    for path in stats_dir.glob(f"{REQUESTS_PREFIX}*.jsonl"):
-        lines = path.read_bytes().splitlines()
-        got = sum(1 for line in lines if orjson.loads(line).get("session") in sessions)
-        counts[int(path.stem.removeprefix(REQUESTS_PREFIX))] = got
-    return counts
+    routed = engine_routed(stats_dir, 0, 2**63)
+    pids = (int(r.replica.removeprefix("pid")) for r in routed if r.session in sessions)
+    return dict(Counter(pids))
 
 
 def _engine_holding_all_before_a_first_token(
