@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,16 +62,24 @@ def test_experiment_loses_nothing_and_rolls_back(setup: Setup, out_dir: Path, na
 
 def _check_the_pressure_is_refused_on_its_headers(out_dir: Path, row: Recovery) -> None:
     """The replica filled by the pressure refuses the rest at once: each refusal stamped by its
-    client after its send, and the replica's KV watch saw its cache cross the threshold first."""
+    client after its send, and the replica's KV watch saw its cache cross the threshold first.
+
+    On a host that did not carry its load, the replica's loop can fall behind the ramp: the later
+    requests wait in its queue, whose reservations its watermark does not count yet, and it may
+    refuse none before the pressure ends. Such a trial decides nothing about refusal speed (as
+    profile D's claim holds it) and is held only to what holds on any host."""
     got = row.refusal
-    assert got is not None and got.refused > 0 and not got.censored, got
-    assert got.crossing_ns and got.watched.startswith("kv-watch-zl-"), got
-    assert got.notice_ms is not None and got.p99_ms is not None and got.admitted_after is not None
-    assert all(us > 0 for us in got.latencies_us) and len(got.latencies_us) == got.refused
+    assert got is not None
     records = read_requests(out_dir / "chaos" / f"refusals-{STACK}-kv-pressure-one-replica.jsonl")
     assert len(records) == got.requests
     refused = [r for r in records if r.refused_ns]
-    assert refused and all(r.sent_ns < r.refused_ns and r.first_token_ns == 0 for r in refused)
+    assert all(r.sent_ns < r.refused_ns and r.first_token_ns == 0 for r in refused)
+    assert all(us > 0 for us in got.latencies_us) and len(got.latencies_us) == got.refused
+    if load_problems(row, load_lag=False):
+        return
+    assert refused and got.refused > 0 and not got.censored, got
+    assert got.crossing_ns and got.watched.startswith("kv-watch-zl-"), got
+    assert got.notice_ms is not None and got.p99_ms is not None and got.admitted_after is not None
 
 
 def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: int) -> None:
@@ -94,7 +103,8 @@ def _check_the_kill_ends_exactly_the_streams_under_way(out_dir: Path, kill_ns: i
 
 
 def test_sdk_routes_around_a_paused_replica(setup: Setup, out_dir: Path) -> None:
-    """After the SDK marks the paused replica down, no new request goes to it until it is up.
+    """After the SDK marks the paused replica down, no new request goes to it until it is up,
+    while it holds another replica up (with none up it routes to all: ``_held_up``).
 
     A trial whose steady state did not hold on a flagged host ran no fault (``run_and_check``
     checked its rollbacks and health), and one whose host did not carry its load may end before
@@ -119,4 +129,18 @@ def test_sdk_routes_around_a_paused_replica(setup: Setup, out_dir: Path) -> None
     records = read_requests(chaos_dir / requests_file(STACK, "d_fault-pause-engine-replica"))
     routed = [r for r in records if down < r.sent_ns < back_up]
     assert routed or not carried, "no request was sent while the replica was down"
-    assert not [r.request_id for r in routed if r.replica in faulted]
+    chosen = [r for r in routed if _held_up(health, r.sent_ns)]
+    assert not [r.request_id for r in chosen if r.replica in faulted]
+
+
+def _held_up(health: list[dict[str, Any]], t_ns: int) -> set[str]:
+    """The replicas the SDK held up at ``t_ns`` (its last verdict on each before then). With
+    none up it routes to every one (panic routing, ``ZeroLayerClient._candidates``): a loaded
+    host's slow health answers can mark the other replica down too, and a request sent then
+    was not routed around anything."""
+    last: dict[str, bool] = {}
+    for h in sorted(health, key=lambda h: h["t_ns"]):
+        if h["t_ns"] > t_ns:
+            break
+        last[h["url"]] = h["up"]
+    return {url for url, up in last.items() if up}
