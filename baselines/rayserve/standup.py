@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,17 +29,11 @@ from baselines.rayserve.config import (
     serve_constants,
     serve_env_flags,
 )
+from serving.ports import free_port
 
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 LOCAL_NUM_CPUS = 2
 EXIT_WAIT_S = 15.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS calls free right now (Serve needs a fixed one; 0 means pick one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def init_ray(

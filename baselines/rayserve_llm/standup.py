@@ -26,7 +26,6 @@ from baselines.rayserve.standup import (
     ServeHandle,
     alive_actors,
     child_pids,
-    free_port,
     init_ray,
     on_a_worker,
     processes_since,
@@ -42,6 +41,7 @@ from baselines.rayserve_llm.config import (
     LlmBaselineConfig,
     llm_constants,
 )
+from serving.ports import free_port
 from serving.wire.contract import SESSION
 
 LLM_SERVER_PREFIX = "LLMServer"

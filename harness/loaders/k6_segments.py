@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from harness.cluster.placement import LOADERS
-from harness.stacks.processes import free_port
+from serving.ports import free_port
 
 READY_TIMEOUT_S: Final = 60.0
 SEGMENT_PREFIX: Final = "zl-k6-"

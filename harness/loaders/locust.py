@@ -126,7 +126,7 @@ def _run_distributed(
 
     from harness.cluster.placement import LOADERS
     from harness.cluster.session import current
-    from harness.stacks.processes import free_port
+    from serving.ports import free_port
 
     session = current()
     if session is None:

@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import psutil
 
 from harness.errors import StartFailed
 from serving.cpus import CpuLayout, engine_cores, pin_threads
+from serving.ports import free_port
 
 LISTENING: Final = re.compile(r"zl-replica listening on (https?://\S+)")
 STOP_TIMEOUT_S: Final = 10.0
@@ -313,13 +313,6 @@ class ReplicaProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A loopback port nothing listens on now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def listens_on(pid: int, port: int) -> bool:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from baselines.rayserve.cli import main
-from baselines.rayserve.standup import free_port
+from serving.ports import free_port
 from tests.support.waiting import HANG_GUARD_S
 
 START_TIMEOUT_S = 600.0

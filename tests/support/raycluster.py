@@ -28,7 +28,7 @@ from typing import Final
 
 import psutil
 
-from harness.stacks.processes import free_port
+from serving.ports import free_port
 
 NODE_IP: Final = "127.0.0.2"  # loopback, and not one Ray swaps for the host's address
 START_TIMEOUT_S: Final = 180.0

@@ -68,7 +68,7 @@ def test_locust_master_and_workers_send_each_shard_once_from_one_start(tmp_path:
     from harness.loaders.base import write_plan
     from harness.loaders.locust_workers import CHILD, MASTER, WORKER, LocustWorker, child_env
     from harness.loaders.sharded import shards
-    from harness.stacks.processes import free_port
+    from serving.ports import free_port
 
     sched = build_schedule(profile_at(rate=50.0, duration_s=1.0, max_tokens=4))
     with stand_up(StackSpec(StackName.ZEROLAYER, engine="null", replicas=1), tmp_path) as stack:
