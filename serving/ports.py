@@ -56,10 +56,10 @@ def kernel_port(host: str) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, outside the ranges other processes are handed ports
     from (the server binds it a moment later)."""
-    highest = ephemeral_low() - 1
-    if highest - LOWEST_PICK >= LEAST_SPAN:
+    above = ephemeral_low()
+    if above - LOWEST_PICK >= LEAST_SPAN:
         for _ in range(PICK_ATTEMPTS):
-            port = _PICKER.randint(LOWEST_PICK, highest)
+            port = _PICKER.randint(LOWEST_PICK, above - 1)
             if bindable(host, port):
                 return port
     return kernel_port(host)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving import ports
-from serving.ports import LOWEST_PICK, bindable, ephemeral_low, free_port
+from serving.ports import LEAST_SPAN, LOWEST_PICK, bindable, ephemeral_low, free_port
 
 HOST = "127.0.0.1"
 
@@ -34,11 +34,19 @@ def listener() -> Iterator[socket.socket]:
     pytest.skip("no port of the pick range is free on this host")
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 3))
-def test_a_picked_port_lies_outside_the_kernels_range_and_can_be_bound(_: int) -> None:
+def test_a_picked_port_lies_outside_the_kernels_range_and_can_be_bound() -> None:
     port = free_port(HOST)
     assert LOWEST_PICK <= port < ephemeral_low()
+    assert bindable(HOST, port)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(LOWEST_PICK + LEAST_SPAN, 65536))
+def test_any_range_with_room_below_it_is_never_picked_from(low: int) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ports, "ephemeral_low", lambda: low)
+        port = free_port(HOST)
+    assert LOWEST_PICK <= port < low
     assert bindable(HOST, port)
 
 
