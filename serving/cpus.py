@@ -20,6 +20,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 AUTO: Final = "auto"
@@ -189,6 +190,20 @@ def thread_ids(pid: int) -> list[int]:
         return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError):
         return []
+
+
+def run_times(pids: Sequence[int]) -> tuple[int, int]:
+    """Nanoseconds the threads of ``pids`` have run and have waited on a run queue, summed
+    (the kernel's schedstat; threads gone between two readings drop out of both). The wait is
+    the time a loaded host held them off a core while they were ready to run."""
+    ran = waited = 0
+    for pid in pids:
+        for tid in thread_ids(pid):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                ran += int(fields[0])
+                waited += int(fields[1])
+    return ran, waited
 
 
 def pin_threads(pid: int, cores: Sequence[int]) -> None:

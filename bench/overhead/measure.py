@@ -37,7 +37,7 @@ from harness.telemetry.host import HostCpu, busy_pct, cpu_speed, measure_host_cp
 from harness.telemetry.process import ProcessCpu, cpu_spent, read_cpu
 from harness.workload import PlannedRequest
 from serving.auth import load_key_file
-from serving.cpus import CpuLayout, thread_ids
+from serving.cpus import CpuLayout, run_times
 from serving.wire.contract import RequestMeta
 from zerolayer.client import ZeroLayerClient, ZeroLayerError
 
@@ -118,19 +118,6 @@ def layer_pids(target: SystemUnderTest) -> list[int]:
             if not psutil.Process(pid).name().startswith(ENGINE_PROCESS_PREFIX):
                 pids.append(pid)
     return pids
-
-
-def run_times(pids: Sequence[int]) -> tuple[int, int]:
-    """Nanoseconds the threads of ``pids`` have run and have waited on a run queue, summed
-    (the kernel's schedstat; threads gone between two readings drop out of both)."""
-    ran = waited = 0
-    for pid in pids:
-        for tid in thread_ids(pid):
-            with contextlib.suppress(OSError, ValueError):
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                ran += int(fields[0])
-                waited += int(fields[1])
-    return ran, waited
 
 
 @dataclass

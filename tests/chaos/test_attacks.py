@@ -20,6 +20,7 @@ from chaos.attacks.h2raw import HANG_S, HostileH2, Tally
 from chaos.attacks.outcome import RSS_SLACK_BYTES, SETTLE_TIMEOUT_S, Observed, RssBound, judge
 from chaos.attacks.runner import ATTACKS, NAMES, Attack, run_attack, select
 from chaos.attacks.target import Target
+from serving.wire import contract
 from tests.support.httpserver import answering_url
 
 SECONDS = 1.0
@@ -133,6 +134,38 @@ def test_an_unfinished_victim_says_how_its_stream_ended(tally: Tally, says: str)
     conn = HostileH2("127.0.0.1", 1, connect=False)
     conn.tally = tally
     assert tenancy._why_unfinished(conn, 1) == says
+
+
+def _answered(status: str) -> HostileH2:
+    conn = HostileH2("127.0.0.1", 1, connect=False)
+    conn.tally = Tally(statuses=Counter({status: 10}), responses={1: status}, ended={1})
+    return conn
+
+
+TIMED_OUT = f"504 {contract.DEADLINE_EXCEEDED.code}"
+
+
+@pytest.mark.parametrize(
+    ("victim", "held_off_ms", "problems", "says"),
+    [
+        ("200", 0.0, [], "answered 200"),
+        (TIMED_OUT, 100.0, ["the normal request missed its 6,000 ms deadline"], TIMED_OUT),
+        (TIMED_OUT, 3000.0, [], "not judged: the host held the replica off a core for 3,000 ms"),
+        ("500 internal", 5000.0, ["the normal request missed its 6,000 ms deadline"], "500"),
+    ],
+)
+def test_a_victim_late_only_because_the_host_held_the_replica_off_a_core_is_not_judged(
+    victim: str, held_off_ms: float, problems: list[str], says: str
+) -> None:
+    flood = _answered(f"403 {contract.PRIORITY_NOT_ALLOWED.code}")
+    observed = tenancy._priority_verdict(flood, _answered(victim), 1, 10, 6000, held_off_ms)
+    assert list(observed.problems) == problems and says in observed.did, observed
+
+
+def test_a_spoofed_request_let_in_fails_the_attack_however_loaded_the_host() -> None:
+    flood = _answered("200")
+    observed = tenancy._priority_verdict(flood, _answered(TIMED_OUT), 1, 10, 6000, 6000.0)
+    assert observed.problems == ("10 spoofed high requests not refused priority_not_allowed",)
 
 
 def test_rss_bound_counts_connections_and_their_budgets() -> None:

@@ -147,3 +147,9 @@ def test_a_front_ends_threads_move_to_the_rest_and_its_children_stay() -> None:
         proc.wait()
     assert cpus.thread_ids(proc.pid) == [], "a process that is gone has no threads to pin"
     pin_threads(proc.pid, layout.rest)  # and pinning it is no error
+
+
+def test_run_and_wait_times_come_from_the_kernel() -> None:
+    ran, waited = cpus.run_times([os.getpid()])
+    assert ran > 0 and waited >= 0
+    assert cpus.run_times([2**22 + 12345]) == (0, 0), "a process that is gone adds nothing"
