@@ -94,16 +94,12 @@ def priority_spoof(ctx: Context) -> Observed:
         waited_at_send = 0
         stop_at = ctx.deadline()
         while time.monotonic() < stop_at and not flood.tally.closed:
-            for _ in range(FLOOD_BATCH):
-                sid = flood.open_stream(flood_headers)
-                flood.h2.send_data(sid, body, end_stream=True)
-                flood_sids.append(sid)
+            flood_sids += [_send(flood, flood_headers, body) for _ in range(FLOOD_BATCH)]
             flood.flush()
             flood.pump(0.05)
             if victim_sid < 0:
                 waited_at_send = run_times([target.pid])[1]
-                victim_sid = victim.open_stream(victim_headers(deadline_ms))
-                victim.h2.send_data(victim_sid, victim_body, end_stream=True)
+                victim_sid = _send(victim, victim_headers(deadline_ms), victim_body)
                 victim.flush()
             victim.pump()
         # The replica ends the victim by its deadline, and the last batch went out just before
@@ -151,11 +147,17 @@ def _done(conn: HostileH2, sids: list[int]) -> bool:
     return all(s in tally.ended or s in tally.reset_ids for s in sids)
 
 
+def _send(conn: HostileH2, headers: list[Header], body: bytes) -> int:
+    """One whole request queued on ``conn`` (sent at its next flush); its stream id."""
+    sid = conn.open_stream(headers)
+    conn.h2.send_data(sid, body, end_stream=True)
+    return sid
+
+
 def _time_alone(conn: HostileH2, headers: list[Header], body: bytes) -> float | None:
     """One request alone on ``conn``: ms until it completed with a 200 (None if it did not)."""
     started = time.monotonic()
-    sid = conn.open_stream(headers)
-    conn.h2.send_data(sid, body, end_stream=True)
+    sid = _send(conn, headers, body)
     conn.flush()
     conn.wait_answered([sid], HANG_S)
     if sid in conn.tally.ended and conn.tally.responses.get(sid) == "200":
