@@ -125,6 +125,24 @@ def chaos_profile(conf: dict[str, Any]) -> Profile:
     )
 
 
+async def watch_sdk_health(client: ZeroLayerClient, path: Path) -> None:
+    """Write every change of the SDK's up/down verdict per replica URL to ``path``, until
+    cancelled: each at the time the SDK made it (``ReplicaEndpoint.changed_ns``), looked for
+    every ``HEALTH_WATCH_S``, so a request routed between a change and the look is judged
+    against the change."""
+    state = {url: client.is_up(url) for url in client.replicas}
+    with JsonlWriter(path) as out:
+        for url, up in state.items():
+            out.write({"t_ns": time.time_ns(), "url": url, "up": up})
+        while True:
+            await asyncio.sleep(HEALTH_WATCH_S)
+            for url, replica in list(client.replicas.items()):  # profile G: joins and leaves
+                up = client.is_up(url)
+                if up != state.get(url):
+                    state[url] = up
+                    out.write({"t_ns": replica.changed_ns or time.time_ns(), "url": url, "up": up})
+
+
 class BackgroundLoad:
     """Profile D's open-loop load in its own thread and event loop, until :meth:`stop`.
 
@@ -184,25 +202,13 @@ class BackgroundLoad:
         tls_ca = Path(self.target.tls_ca) if self.target.tls_ca else None
         return client_for(self.target.protocol, self.target.load_urls, tls_ca, **options)
 
-    async def _watch_health(self, client: ZeroLayerClient | Http1Client) -> None:
-        """Write every change of the SDK's up/down verdict per replica URL."""
-        if self.health_path is None or not isinstance(client, ZeroLayerClient):
-            return
-        state = {url: client.is_up(url) for url in client.replicas}
-        with JsonlWriter(self.health_path) as out:
-            for url, up in state.items():
-                out.write({"t_ns": time.time_ns(), "url": url, "up": up})
-            while True:
-                await asyncio.sleep(HEALTH_WATCH_S)
-                for url in list(client.replicas):  # a replica may join or leave (profile G)
-                    up = client.is_up(url)
-                    if up != state.get(url):
-                        state[url] = up
-                        out.write({"t_ns": time.time_ns(), "url": url, "up": up})
-
     async def _run(self) -> None:
         async with self._client() as client:
-            watcher = asyncio.create_task(self._watch_health(client))
+            watcher = (
+                asyncio.create_task(watch_sdk_health(client, self.health_path))
+                if self.health_path is not None and isinstance(client, ZeroLayerClient)
+                else None
+            )
             try:
                 self.result = await run_schedule(
                     self.schedule,
@@ -214,8 +220,9 @@ class BackgroundLoad:
                     progress=None,
                 )
             finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+                if watcher is not None:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
                 self._write_changes(client)
 
     def _write_changes(self, client: ZeroLayerClient | Http1Client) -> None:

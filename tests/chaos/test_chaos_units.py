@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import signal
@@ -22,7 +23,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos import actions, netproxy, probes, recovery
-from chaos.controls import StoppableSchedule, engine_source, until_the_window_holds_an_answer
+from chaos.controls import (
+    HEALTH_WATCH_S,
+    StoppableSchedule,
+    engine_source,
+    until_the_window_holds_an_answer,
+    watch_sdk_health,
+)
 from chaos.pressure import kv_prompt
 from chaos.runner import add_arguments, chaos_settings, fault_target, run_command
 from chaos.targets import ReplicaSpec, Target, read_target, write_target
@@ -30,7 +37,7 @@ from harness.capacity import kv_tokens
 from harness.errors import UsageError
 from harness.profile import load_profile
 from harness.promptfit import target_tokens
-from harness.schema import JsonlWriter, RequestRecord, to_data
+from harness.schema import JsonlWriter, RequestRecord, read_jsonl, to_data
 from harness.stacks import StackName, StackSpec, stack_kind, stand_up
 from harness.workload import make_prompt
 from serving.engine.tokenrules import BYTES_RULE
@@ -490,6 +497,37 @@ def test_a_network_fault_reaches_every_replica_only_behind_a_front_door(
     assert total == 2 and (len(hit) == 2) is everyone
     if not everyone:
         assert hit == {"r0"}, "the proxy's URL is the replica behind it"
+
+
+def test_the_sdk_health_log_records_a_change_when_the_sdk_made_it(tmp_path: Path) -> None:
+    """A request routed between a change of the SDK's verdict and the watcher's next look is
+    judged against the change (profile D's reroute time, the paused-replica test): the log
+    holds the SDK's own stamp, not the time the watcher looked."""
+    from zerolayer.client import ZeroLayerClient
+
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    path = tmp_path / "sdk-health.jsonl"
+
+    async def go() -> int:
+        client = ZeroLayerClient(urls, health_interval_s=0)
+        watcher = asyncio.create_task(watch_sdk_health(client, path))
+        await asyncio.sleep(0)  # the watcher has written the starting state
+        client.replicas[urls[0]].force_down()
+        stamp = client.replicas[urls[0]].changed_ns
+        # The watcher's next look is due before this sleep ends (timers run in due order).
+        await asyncio.sleep(2 * HEALTH_WATCH_S)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        return stamp
+
+    stamp = asyncio.run(go())
+    rows = read_jsonl(path)
+    assert [(r["url"], r["up"]) for r in rows] == [
+        (urls[0], True),
+        (urls[1], True),
+        (urls[0], False),
+    ]
+    assert rows[2]["t_ns"] == stamp
 
 
 def test_stoppable_schedule_ends_iteration_but_keeps_its_length() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from urllib.parse import urlsplit
 
 from zerolayer.client.h2conn import H2Connection
@@ -31,17 +32,42 @@ def default_tls() -> ssl.SSLContext:
 
 
 class ReplicaEndpoint:
-    """The SDK's view of one replica endpoint: its health state and its (lazy) connection."""
+    """The SDK's view of one replica endpoint: its health state and its (lazy) connection.
 
-    __slots__ = ("_connecting", "conn", "health", "host", "last_health", "port", "tls", "url")
+    ``changed_ns``: when its up/down verdict last changed (wall-clock ns; 0 before the first
+    change), stamped as it changes, so a reader that looks later (the chaos load's health log)
+    still records when the SDK began routing around the replica or back to it."""
+
+    __slots__ = (
+        "_connecting",
+        "changed_ns",
+        "conn",
+        "health",
+        "host",
+        "last_health",
+        "port",
+        "tls",
+        "url",
+    )
 
     def __init__(self, url: str, down_after: int, up_after: int) -> None:
         self.url = url
         self.host, self.port, self.tls = split_url(url)
         self.health = Hysteresis(down_after, up_after)
+        self.changed_ns = 0
         self.conn: H2Connection | None = None
         self.last_health: dict[str, object] | None = None
         self._connecting: asyncio.Task[H2Connection] | None = None
+
+    def observe(self, ok: bool) -> None:
+        """One health verdict (a poll's) into the hysteresis."""
+        if self.health.observe(ok):
+            self.changed_ns = time.time_ns()
+
+    def force_down(self) -> None:
+        """Down at once (its connection died, or a request found it broken)."""
+        if self.health.force_down():
+            self.changed_ns = time.time_ns()
 
     async def connection(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
         """The live connection, opening one (shared by concurrent callers) when there is none."""
@@ -60,7 +86,7 @@ class ReplicaEndpoint:
     async def _connect(self, tls: ssl.SSLContext | None, timeout: float) -> H2Connection:
         conn = await asyncio.wait_for(
             H2Connection.connect(
-                self.host, self.port, tls=tls if self.tls else None, on_lost=self.health.force_down
+                self.host, self.port, tls=tls if self.tls else None, on_lost=self.force_down
             ),
             timeout,
         )

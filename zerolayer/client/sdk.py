@@ -231,15 +231,15 @@ class ZeroLayerClient:
             status, body = await conn.get("/health", self.health_timeout_s)
             payload = orjson.loads(body) if status == 200 else None
             replica.last_health = payload if isinstance(payload, dict) else None
-            replica.health.observe(healthy(status, replica.last_health))
+            replica.observe(healthy(status, replica.last_health))
         except (TimeoutError, orjson.JSONDecodeError):
             # No answer in time (a frozen replica, or a loaded host's slow one), or not JSON:
             # one bad verdict. TimeoutError is an OSError, so it is caught first.
-            replica.health.observe(False)
+            replica.observe(False)
         except OSError:
             # Refused or reset: no process serves there, so down at once; hysteresis still
             # governs coming back.
-            replica.health.force_down()
+            replica.force_down()
 
     # requests
 
@@ -317,7 +317,7 @@ class ZeroLayerClient:
             outcome = await self._attempt(replica, req, resp, stream)
             decision = failover.decide(outcome)
             if decision.mark_down:
-                replica.health.force_down()
+                replica.force_down()
             if decision.action is Action.DELIVER:
                 return resp
             error = decision.error

@@ -126,7 +126,7 @@ class Submission:
         next send may reuse that connection)."""
         decision = failover.decide(outcome)
         if decision.mark_down and replica is not None:
-            replica.health.force_down()
+            replica.force_down()
         if decision.action is Action.DELIVER:
             self._end(None)
             return

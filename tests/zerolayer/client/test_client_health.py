@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from zerolayer.client import ZeroLayerClient
 from zerolayer.client.health import Hysteresis, healthy
+from zerolayer.client.replica import ReplicaEndpoint
 
 
 def test_starts_up_and_needs_k_bad_in_a_row_to_go_down() -> None:
@@ -80,8 +83,27 @@ def test_a_request_tries_the_up_replicas_in_ring_order_or_all_when_none_is_up(
     client = ZeroLayerClient(urls, health_interval_s=0)
     for url, up in zip(urls, ups, strict=True):
         if not up:
-            client.replicas[url].health.force_down()
+            client.replicas[url].force_down()
     ring_order = list(client.ring.preference(session))
     up_in_order = [url for url in ring_order if client.is_up(url)]
     tried = [replica.url for replica in client._candidates(session)]
     assert tried == (up_in_order or ring_order)
+
+
+@given(st.lists(st.booleans(), max_size=12))
+def test_an_endpoint_stamps_each_change_of_its_verdict_as_it_changes(verdicts: list[bool]) -> None:
+    """The time the SDK's verdict changed, not the time a reader looked: the chaos load's health
+    log judges each routed request against it."""
+    replica = ReplicaEndpoint("http://127.0.0.1:9000", down_after=2, up_after=2)
+    stamps = [replica.changed_ns]
+    for ok in verdicts:
+        before, was_up = time.time_ns(), replica.health.up
+        replica.observe(ok)
+        if replica.health.up != was_up:
+            assert before <= replica.changed_ns <= time.time_ns()
+        else:
+            assert replica.changed_ns == stamps[-1], "no change, no new stamp"
+        stamps.append(replica.changed_ns)
+    before, was_up = time.time_ns(), replica.health.up
+    replica.force_down()
+    assert (replica.changed_ns >= before) is was_up
