@@ -159,6 +159,13 @@ class HostileH2:
         self.sent_streams += 1
         return sid
 
+    def send_request(self, headers: Sequence[Header], body: bytes) -> int:
+        """Queue a new stream's HEADERS and its whole body (sent at the next flush); returns
+        its id."""
+        sid = self.open_stream(headers)
+        self.h2.send_data(sid, body, end_stream=True)
+        return sid
+
     def raw_headers(self, sid: int, headers: Sequence[Header], end_headers: bool = True) -> bytes:
         """A HEADERS frame encoded with the connection's own HPACK encoder (so the replica's
         decoder stays in step), for streams ``h2`` would refuse to open (past the replica's

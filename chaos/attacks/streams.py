@@ -77,8 +77,7 @@ def _open_long_completions(conn: HostileH2) -> int:
     body = completion(MAX_TOKENS)
     headers = request_headers(conn.port, extra=[LONG_DEADLINE], body_len=len(body))
     for _ in range(LONG_COMPLETIONS):
-        sid = conn.open_stream(headers)
-        conn.h2.send_data(sid, body, end_stream=True)
+        conn.send_request(headers, body)
     conn.flush()
     return LONG_COMPLETIONS
 
@@ -109,11 +108,7 @@ def _malformed_round(conn: HostileH2, variant: str) -> int:
     """One round; how many of its healthy streams did not complete with a 200."""
     body = completion(8)
     healthy = request_headers(conn.port, body_len=len(body))
-    sids = []
-    for _ in range(HEALTHY_PER_ROUND):
-        sid = conn.open_stream(healthy)
-        conn.h2.send_data(sid, body, end_stream=True)
-        sids.append(sid)
+    sids = [conn.send_request(healthy, body) for _ in range(HEALTHY_PER_ROUND)]
     if variant == LYING_LENGTH:
         bad = conn.open_stream(request_headers(conn.port, body_len=len(body) + 100))
     else:
@@ -236,9 +231,7 @@ def _request_stream(ctx: Context, extra: Callable[[int], list[Header]], what: st
             sids = []
             for _ in range(REQUEST_BATCH):
                 headers = request_headers(target.port, extra=extra(sent), body_len=len(body))
-                sid = conn.open_stream(headers)
-                conn.h2.send_data(sid, body, end_stream=True)
-                sids.append(sid)
+                sids.append(conn.send_request(headers, body))
                 sent += 1
             if not conn.flush():
                 break

@@ -94,12 +94,12 @@ def priority_spoof(ctx: Context) -> Observed:
         waited_at_send = 0
         stop_at = ctx.deadline()
         while time.monotonic() < stop_at and not flood.tally.closed:
-            flood_sids += [_send(flood, flood_headers, body) for _ in range(FLOOD_BATCH)]
+            flood_sids += [flood.send_request(flood_headers, body) for _ in range(FLOOD_BATCH)]
             flood.flush()
             flood.pump(0.05)
             if victim_sid < 0:
                 waited_at_send = run_times([target.pid])[1]
-                victim_sid = _send(victim, victim_headers(deadline_ms), victim_body)
+                victim_sid = victim.send_request(victim_headers(deadline_ms), victim_body)
                 victim.flush()
             victim.pump()
         # The replica ends the victim by its deadline, and the last batch went out just before
@@ -147,17 +147,10 @@ def _done(conn: HostileH2, sids: list[int]) -> bool:
     return all(s in tally.ended or s in tally.reset_ids for s in sids)
 
 
-def _send(conn: HostileH2, headers: list[Header], body: bytes) -> int:
-    """One whole request queued on ``conn`` (sent at its next flush); its stream id."""
-    sid = conn.open_stream(headers)
-    conn.h2.send_data(sid, body, end_stream=True)
-    return sid
-
-
 def _time_alone(conn: HostileH2, headers: list[Header], body: bytes) -> float | None:
     """One request alone on ``conn``: ms until it completed with a 200 (None if it did not)."""
     started = time.monotonic()
-    sid = _send(conn, headers, body)
+    sid = conn.send_request(headers, body)
     conn.flush()
     conn.wait_answered([sid], HANG_S)
     if sid in conn.tally.ended and conn.tally.responses.get(sid) == "200":
@@ -229,11 +222,8 @@ def accounting_sigkill(ctx: Context) -> Observed:
             for _ in range(ACCOUNTING_BATCH):
                 request_id = f"acct-{sent}"
                 extra = [contract_header(contract.REQUEST_ID, request_id)]
-                sid = conn.open_stream(
-                    request_headers(target.port, extra=extra, body_len=len(body))
-                )
-                conn.h2.send_data(sid, body, end_stream=True)
-                batch[sid] = request_id
+                headers = request_headers(target.port, extra=extra, body_len=len(body))
+                batch[conn.send_request(headers, body)] = request_id
                 sent += 1
             if not conn.flush():
                 break
